@@ -1,0 +1,1 @@
+"""CPU feature detection and the kernel backend-selection table."""

@@ -1,0 +1,207 @@
+"""The backend-selection table: which implementation runs each kernel op, and why.
+
+``VARIANTS`` is the one place that declares the native variants per architecture: the CPU
+flags each needs, the translation unit and compiler flags that build it (read by
+``anycore.kernels.build``), and the ops it implements. An op with no native variant on an
+architecture is replaced there by its torch-native implementation; a variant declared with no
+ops is reserved (its ISA is detected and reported, but nothing is built for it yet).
+
+``select()`` is pure: give it a ``CpuFeatures`` (hand-made in tests), the variant names the
+built extension provides (``None`` when there is no extension) and overrides, and it returns
+one ``Choice`` per op. A variant whose flags the CPU lacks is never chosen, even when forced
+by an override: running it would die with SIGILL.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from anycore.platform.features import CpuFeatures
+
+OPS = ("rms_norm", "add_rms_norm", "apply_rotary", "silu_and_mul", "paged_attention")
+TORCH_NATIVE = "torch-native"
+REFERENCE = "reference"
+ENV_OVERRIDE = "ANYCORE_KERNELS"
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    arch: str  # 'x86_64' | 'aarch64' | 'any'
+    requires: tuple[str, ...]  # CPU flags (features.py spelling)
+    rank: int  # higher wins among usable variants
+    source: str = ""  # translation unit under csrc/, '' for a reserved variant
+    cflags: tuple[str, ...] = ()  # flags for that translation unit only
+    ops: tuple[str, ...] = ()
+    note: str = ""
+
+
+_X86_AVX2 = ("-mavx2", "-mfma", "-mf16c")
+_X86_AVX512 = _X86_AVX2 + ("-mavx512f", "-mavx512bw", "-mavx512vl")
+
+VARIANTS: tuple[Variant, ...] = (
+    Variant("generic", "any", (), 0, "generic/generic.cpp", (), OPS,
+            "portable C++ at the architecture's baseline ISA"),
+    # x86-64
+    Variant("avx2", "x86_64", ("avx2", "fma", "f16c"), 10, "x86/avx2.cpp", _X86_AVX2, OPS,
+            "portable kernels compiled for AVX2+FMA"),
+    Variant("avx512", "x86_64", ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl"), 20,
+            "x86/avx512.cpp", _X86_AVX512, OPS, "AVX-512 intrinsics, bf16 converted in software"),
+    Variant("avx512_bf16", "x86_64",
+            ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx512_vnni"), 30,
+            "x86/avx512_bf16.cpp", _X86_AVX512 + ("-mavx512bf16", "-mavx512vnni"), OPS,
+            "AVX-512 with native bf16 conversion and VDPBF16PS dot products"),
+    Variant("amx", "x86_64", ("amx_tile", "amx_bf16", "amx_int8"), 40,
+            note="reserved for bf16/int8 GEMM; none of the current ops uses AMX"),
+    # aarch64
+    Variant("neon", "aarch64", ("asimd",), 10, "aarch64/neon.cpp", ("-march=armv8-a",), OPS,
+            "Advanced SIMD intrinsics"),
+    Variant("dotprod", "aarch64", ("asimd", "asimddp"), 15,
+            note="reserved for int8 GEMM (SDOT); -march=armv8.2-a+dotprod"),
+    Variant("i8mm", "aarch64", ("asimd", "i8mm"), 16,
+            note="reserved for int8 GEMM (SMMLA); -march=armv8.6-a+i8mm"),
+    Variant("sve", "aarch64", ("sve",), 20, "aarch64/sve.cpp", ("-march=armv8.2-a+sve",),
+            ("rms_norm", "add_rms_norm", "apply_rotary", "silu_and_mul"),
+            "vector-length-agnostic SVE; paged_attention stays on neon"),
+)
+
+
+def variants_for_arch(arch: str) -> tuple[Variant, ...]:
+    """Variants that apply to ``arch`` (including the portable one)."""
+    return tuple(v for v in VARIANTS if v.arch in (arch, "any"))
+
+
+def buildable_variants(arch: str) -> tuple[Variant, ...]:
+    """Variants with a translation unit to compile for ``arch``."""
+    return tuple(v for v in variants_for_arch(arch) if v.source)
+
+
+def variant(name: str) -> Variant | None:
+    return next((v for v in VARIANTS if v.name == name), None)
+
+
+@dataclass(frozen=True)
+class Choice:
+    op: str
+    impl: str  # a variant name, TORCH_NATIVE or REFERENCE
+    reason: str
+
+
+@dataclass(frozen=True)
+class Selection:
+    choices: tuple[Choice, ...]
+    warnings: tuple[str, ...]
+
+    def impl(self, op: str) -> str:
+        return next(c.impl for c in self.choices if c.op == op)
+
+    def as_dict(self) -> dict[str, str]:
+        return {c.op: c.impl for c in self.choices}
+
+
+def parse_overrides(text: str | None) -> dict[str, str]:
+    """``"torch-native"`` / ``"generic"`` (every op) or ``"op=impl,op=impl"`` (``*`` = every op)."""
+    out: dict[str, str] = {}
+    for part in (text or "").split(","):
+        part = part.strip()
+        if not part:
+            continue
+        op, sep, impl = part.partition("=")
+        if not sep:
+            op, impl = "*", part
+        op, impl = op.strip(), impl.strip()
+        for name in OPS if op in ("*", "all") else (op,):
+            out[name] = impl
+    return out
+
+
+def usable(v: Variant, features: CpuFeatures) -> bool:
+    return v.arch in (features.arch, "any") and features.has(*v.requires)
+
+
+def select(
+    features: CpuFeatures,
+    available: Iterable[str] | None,
+    overrides: Mapping[str, str] | str | None = None,
+    ext_error: str = "",
+) -> Selection:
+    """One choice per op. ``available``: variant names in the built extension, or ``None``."""
+    avail = None if available is None else frozenset(available)
+    if isinstance(overrides, str) or overrides is None:
+        overrides = parse_overrides(overrides)
+    warnings: list[str] = []
+    for op in overrides:
+        if op not in OPS:
+            warnings.append(f"override for unknown op {op!r} ignored")
+    choices = []
+    for op in OPS:
+        auto = _auto(op, features, avail, ext_error)
+        forced = overrides.get(op)
+        if forced is None:
+            choices.append(auto)
+            continue
+        problem = _override_problem(op, forced, features, avail)
+        if problem:
+            warnings.append(f"{ENV_OVERRIDE}: {op}={forced} refused ({problem}); using {auto.impl}")
+            choices.append(auto)
+        else:
+            choices.append(Choice(op, forced, "forced by override"))
+    warnings += _missing_variant_warnings(features, avail)
+    return Selection(tuple(choices), tuple(warnings))
+
+
+def _auto(op: str, features: CpuFeatures, avail, ext_error: str) -> Choice:
+    skipped: list[str] = []
+    candidates = sorted(
+        (v for v in variants_for_arch(features.arch) if op in v.ops), key=lambda v: -v.rank
+    )
+    for v in candidates:
+        if not usable(v, features):
+            skipped.append(f"{v.name}: CPU lacks {','.join(features.missing(v.requires))}")
+        elif avail is None:
+            skipped.append(f"{v.name}: extension unavailable{f' ({ext_error})' if ext_error else ''}")
+            break
+        elif v.name not in avail:
+            skipped.append(f"{v.name}: not in the built extension")
+        else:
+            better = _reserved_better(op, features, v.rank)
+            why = f"best usable variant ({', '.join(v.requires) or 'baseline ISA'})"
+            return Choice(op, v.name, "; ".join([why, *better, *skipped]))
+    if not candidates:
+        skipped.append(f"no native variant of {op} on {features.arch}")
+    return Choice(op, TORCH_NATIVE, "; ".join(skipped) or "fallback")
+
+
+def _reserved_better(op: str, features: CpuFeatures, rank: int) -> list[str]:
+    """Usable higher-ranked variants that do not implement ``op`` (e.g. AMX, i8mm)."""
+    return [
+        f"{v.name} present but has no {op}"
+        for v in variants_for_arch(features.arch)
+        if v.rank > rank and op not in v.ops and usable(v, features)
+    ]
+
+
+def _override_problem(op: str, impl: str, features: CpuFeatures, avail) -> str:
+    if impl in (TORCH_NATIVE, REFERENCE):
+        return ""
+    v = variant(impl)
+    if v is None:
+        return "unknown implementation"
+    if op not in v.ops:
+        return f"{impl} does not implement {op}"
+    if not usable(v, features):
+        return f"CPU lacks {','.join(features.missing(v.requires)) or 'the architecture'}"
+    if avail is None or impl not in avail:
+        return "not in the built extension"
+    return ""
+
+
+def _missing_variant_warnings(features: CpuFeatures, avail) -> list[str]:
+    if avail is None:
+        return []
+    return [
+        f"{v.name} usable on this CPU but the extension was built without it"
+        for v in buildable_variants(features.arch)
+        if usable(v, features) and v.name not in avail
+    ]

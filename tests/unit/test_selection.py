@@ -1,0 +1,106 @@
+"""The selection table picks the documented implementation for hand-made CPUs."""
+
+from __future__ import annotations
+
+import pytest
+
+from anycore.platform import selection as sel
+from anycore.platform.features import CpuFeatures, detect
+
+X86_AVX2 = CpuFeatures("x86_64", frozenset({"sse4_2", "avx", "avx2", "fma", "f16c"}))
+X86_AVX512 = CpuFeatures("x86_64", X86_AVX2.flags | {"avx512f", "avx512bw", "avx512vl", "avx512dq"})
+X86_AVX512_BF16 = CpuFeatures("x86_64", X86_AVX512.flags | {"avx512_bf16", "avx512_vnni"})
+X86_AMX = CpuFeatures("x86_64", X86_AVX512_BF16.flags | {"amx_tile", "amx_bf16", "amx_int8"})
+ARM_NEON = CpuFeatures("aarch64", frozenset({"fp", "asimd"}))
+ARM_DOTPROD = CpuFeatures("aarch64", ARM_NEON.flags | {"asimddp"})
+ARM_SVE_I8MM = CpuFeatures("aarch64", ARM_DOTPROD.flags | {"i8mm", "bf16", "sve", "sve2"}, sve_vector_bits=256)
+RISCV = CpuFeatures("riscv64", frozenset({"rv64imafdc"}))
+
+ALL_X86 = ("generic", "avx2", "avx512", "avx512_bf16")
+ALL_ARM = ("generic", "neon", "sve")
+
+
+def _expect(op_impl: str, **per_op: str) -> dict[str, str]:
+    out = {op: op_impl for op in sel.OPS}
+    out.update(per_op)
+    return out
+
+
+@pytest.mark.arm64
+@pytest.mark.parametrize(
+    "features, available, expected",
+    [
+        (X86_AVX2, ALL_X86, _expect("avx2")),
+        (X86_AVX512, ALL_X86, _expect("avx512")),
+        (X86_AVX512_BF16, ALL_X86, _expect("avx512_bf16")),
+        (X86_AMX, ALL_X86, _expect("avx512_bf16")),
+        (ARM_NEON, ALL_ARM, _expect("neon")),
+        (ARM_DOTPROD, ALL_ARM, _expect("neon")),
+        (ARM_SVE_I8MM, ALL_ARM, _expect("sve", paged_attention="neon")),
+        (RISCV, ("generic",), _expect("generic")),
+        (X86_AVX512, None, _expect("torch-native")),
+        (ARM_SVE_I8MM, None, _expect("torch-native")),
+    ],
+    ids=["avx2", "avx512", "avx512_bf16", "amx", "neon", "dotprod", "sve_i8mm", "riscv", "x86_noext", "arm_noext"],
+)
+def test_documented_choice(features, available, expected):
+    s = sel.select(features, available)
+    assert s.as_dict() == expected
+    assert all(c.reason for c in s.choices)
+
+
+def test_amx_reason_mentions_reserved_variant():
+    s = sel.select(X86_AMX, ALL_X86)
+    reason = next(c.reason for c in s.choices if c.op == "paged_attention")
+    assert "amx present but has no paged_attention" in reason
+
+
+def test_lacking_feature_never_chosen_even_when_forced():
+    s = sel.select(X86_AVX2, ALL_X86, "rms_norm=avx512,silu_and_mul=avx512_bf16")
+    assert s.impl("rms_norm") == "avx2" and s.impl("silu_and_mul") == "avx2"
+    assert any("CPU lacks" in w for w in s.warnings)
+
+
+def test_override_parsing_and_all_torch_native():
+    assert sel.parse_overrides("torch-native") == {op: "torch-native" for op in sel.OPS}
+    assert sel.parse_overrides(" rms_norm=generic , *=reference") == {op: "reference" for op in sel.OPS}
+    s = sel.select(X86_AVX512, ALL_X86, "paged_attention=generic,apply_rotary=reference")
+    assert s.impl("paged_attention") == "generic" and s.impl("apply_rotary") == "reference"
+    assert s.impl("rms_norm") == "avx512"
+    s = sel.select(X86_AVX512, ALL_X86, "bogus=generic,rms_norm=nosuch")
+    assert len(s.warnings) == 2 and s.impl("rms_norm") == "avx512"
+
+
+def test_variant_missing_from_build_warns_and_falls_back():
+    s = sel.select(ARM_SVE_I8MM, ("generic", "neon"))
+    assert s.impl("rms_norm") == "neon"
+    assert any("sve usable on this CPU but the extension was built without it" in w for w in s.warnings)
+
+
+def test_variant_table_is_consistent():
+    names = [v.name for v in sel.VARIANTS]
+    assert len(names) == len(set(names))
+    for v in sel.VARIANTS:
+        assert set(v.ops) <= set(sel.OPS)
+        assert bool(v.source) == bool(v.ops), v.name
+        assert "-march=native" not in v.cflags
+    for arch in ("x86_64", "aarch64", "riscv64"):
+        assert any(v.name == "generic" for v in sel.buildable_variants(arch))
+
+
+def test_ops_match_kernel_table():
+    from anycore.kernels.ops import OP_NAMES
+
+    assert tuple(OP_NAMES) == sel.OPS
+
+
+@pytest.mark.arm64
+def test_detect_on_this_machine():
+    f = detect()
+    assert f.arch in ("x86_64", "aarch64") or f.arch
+    assert f.cores >= 1 and f.numa_nodes >= 1
+    if f.arch == "x86_64":
+        assert "sse2" in f.flags
+    if f.arch == "aarch64":
+        assert "asimd" in f.flags
+        assert ("sve" in f.flags) == (f.sve_vector_bits > 0)
