@@ -1,0 +1,1 @@
+"""Kernel ops: the op table (ops.py), torch-native fallbacks, the C++ extension and dispatch."""

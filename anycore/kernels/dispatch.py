@@ -1,0 +1,157 @@
+"""Binds each kernel op to one implementation, once, at start-up.
+
+``select_ops()`` asks ``anycore.platform.selection`` what to run (given the CPU features, the
+variants in the built extension and ``ANYCORE_KERNELS`` overrides), logs the choices and
+returns a ``KernelOps`` of callables with the signatures of ``anycore.kernels.reference``.
+
+Safety rule: a native variant is bound only after checking the *running* CPU has every flag
+it needs (``native_op`` raises otherwise), whatever features were injected for selection; a
+variant the CPU lacks would die with SIGILL, not raise.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from functools import lru_cache
+
+import torch
+
+from anycore.kernels import reference, torch_native
+from anycore.kernels.build import ExtensionInfo, load_extension
+from anycore.kernels.ops import OP_NAMES, KernelOps
+from anycore.platform import selection
+from anycore.platform.features import CpuFeatures, detect
+
+log = logging.getLogger("anycore.kernels")
+
+_NATIVE_DTYPES = (torch.float32, torch.bfloat16)
+
+
+@lru_cache(maxsize=1)
+def host_features() -> CpuFeatures:
+    return detect()
+
+
+def select_ops(
+    features: CpuFeatures | None = None,
+    overrides: str | dict[str, str] | None = None,
+    threads: int | None = None,
+    extension: ExtensionInfo | None = None,
+) -> KernelOps:
+    """The kernel table for this process. ``overrides`` defaults to ``$ANYCORE_KERNELS``."""
+    features = features or host_features()
+    if threads:
+        torch.set_num_threads(threads)
+    if overrides is None:
+        overrides = os.environ.get(selection.ENV_OVERRIDE, "")
+    sel = plan(features, overrides, extension)
+    ext = extension or (load_extension() if _needs_extension(sel) else None)
+    fns = {c.op: make_op(c.op, c.impl, ext) for c in sel.choices}
+    for c in sel.choices:
+        log.info("kernel %s -> %s (%s)", c.op, c.impl, c.reason)
+    for w in sel.warnings:
+        log.warning("kernels: %s", w)
+    return KernelOps(**fns, choices=sel.as_dict(), reasons={c.op: c.reason for c in sel.choices})
+
+
+def plan(features: CpuFeatures, overrides, extension: ExtensionInfo | None = None) -> selection.Selection:
+    """The selection for ``features``; loads the extension only if some op may use it."""
+    forced = selection.parse_overrides(overrides) if isinstance(overrides, str) else dict(overrides or {})
+    all_python = all(forced.get(op) in (selection.TORCH_NATIVE, selection.REFERENCE) for op in OP_NAMES)
+    ext = extension if extension is not None else (None if all_python else load_extension())
+    available = None
+    if ext is not None and ext.available and ext.arch == features.arch:
+        available = ext.variants
+    error = "" if ext is None else ext.error
+    if ext is not None and ext.available and ext.arch != features.arch:
+        error = f"extension built for {ext.arch}, features are {features.arch}"
+    return selection.select(features, available, forced, error)
+
+
+def _needs_extension(sel: selection.Selection) -> bool:
+    return any(c.impl not in (selection.TORCH_NATIVE, selection.REFERENCE) for c in sel.choices)
+
+
+def make_op(op: str, impl: str, ext: ExtensionInfo | None = None) -> Callable:
+    if impl == selection.TORCH_NATIVE:
+        return getattr(torch_native, op)
+    if impl == selection.REFERENCE:
+        return getattr(reference, op)
+    return native_op(op, impl, ext)
+
+
+def native_op(op: str, impl: str, ext: ExtensionInfo | None = None) -> Callable:
+    """The extension's ``impl`` variant of ``op``; raises if the running CPU or build lacks it."""
+    v = selection.variant(impl)
+    if v is None or op not in v.ops:
+        raise ValueError(f"no native variant {impl!r} of {op}")
+    host = host_features()
+    if not selection.usable(v, host):
+        raise RuntimeError(f"{impl} needs {', '.join(host.missing(v.requires)) or host.arch}; this CPU lacks it")
+    ext = ext or load_extension()
+    if not ext.available or impl not in ext.variants:
+        raise RuntimeError(f"{impl} is not in the built extension ({ext.error or ', '.join(ext.variants)})")
+    return _bind(op, ext.variants.index(impl))
+
+
+def _bind(op: str, idx: int) -> Callable:
+    native = getattr(torch.ops.anycore, op).default
+    fallback = getattr(torch_native, op)
+
+    if op == "rms_norm":
+        def rms_norm(x, weight, eps):
+            if x.dtype not in _NATIVE_DTYPES or weight.dtype != x.dtype:
+                return fallback(x, weight, eps)
+            return native(x, weight, eps, idx)
+        return rms_norm
+    if op == "add_rms_norm":
+        def add_rms_norm(x, residual, weight, eps):
+            if x.dtype not in _NATIVE_DTYPES or weight.dtype != x.dtype or residual.dtype != x.dtype:
+                return fallback(x, residual, weight, eps)
+            return native(x, residual, weight, eps, idx)
+        return add_rms_norm
+    if op == "apply_rotary":
+        def apply_rotary(x, cos, sin, head_dim):
+            if x.dtype not in _NATIVE_DTYPES:
+                return fallback(x, cos, sin, head_dim)
+            return native(x, cos, sin, head_dim, idx)
+        return apply_rotary
+    if op == "silu_and_mul":
+        def silu_and_mul(x):
+            if x.dtype not in _NATIVE_DTYPES:
+                return fallback(x)
+            return native(x, idx)
+        return silu_and_mul
+    if op == "paged_attention":
+        def paged_attention(q, k_cache, v_cache, q_start_loc, seq_lens, slot_table, scale):
+            if q.dtype not in _NATIVE_DTYPES or q.shape[-1] > 512:
+                return fallback(q, k_cache, v_cache, q_start_loc, seq_lens, slot_table, scale)
+            return native(q, k_cache, v_cache, q_start_loc, seq_lens, slot_table, scale, idx)
+        return paged_attention
+    raise ValueError(op)
+
+
+def implementations(op: str) -> list[tuple[str, str]]:
+    """Every implementation of ``op`` for the host arch, with '' or the reason it cannot run here.
+
+    Used by the kernel tests to run each variant against the reference (or skip it, saying why).
+    """
+    host = host_features()
+    out: list[tuple[str, str]] = [(selection.TORCH_NATIVE, "")]
+    ext = None
+    for v in selection.buildable_variants(host.arch):
+        if op not in v.ops:
+            continue
+        if not selection.usable(v, host):
+            out.append((v.name, f"CPU lacks {', '.join(host.missing(v.requires))}"))
+            continue
+        ext = ext or load_extension()
+        if not ext.available:
+            out.append((v.name, f"extension unavailable: {ext.error}"))
+        elif v.name not in ext.variants:
+            out.append((v.name, "not in the built extension"))
+        else:
+            out.append((v.name, ""))
+    return out

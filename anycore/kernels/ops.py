@@ -1,0 +1,42 @@
+"""The kernel table: one implementation per op, chosen once at start-up.
+
+A model never imports a kernel directly; it receives a ``KernelOps`` and calls through it, so
+the dispatch layer (``anycore.kernels.dispatch``) can swap native variants in and tests can run
+the same model on the reference ops.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from anycore.kernels import torch_native
+
+OP_NAMES = ("rms_norm", "add_rms_norm", "apply_rotary", "silu_and_mul", "paged_attention")
+
+
+@dataclass(frozen=True)
+class KernelOps:
+    """Callables with the signatures of ``anycore.kernels.reference``."""
+
+    rms_norm: Callable
+    add_rms_norm: Callable
+    apply_rotary: Callable
+    silu_and_mul: Callable
+    paged_attention: Callable
+    # op name -> human-readable implementation name (for logs and `anycore doctor`)
+    choices: dict[str, str] = field(default_factory=dict)
+    # op name -> why that implementation was chosen (see anycore.platform.selection)
+    reasons: dict[str, str] = field(default_factory=dict)
+
+
+def torch_native_ops() -> KernelOps:
+    """The portable torch-native table: runs on every architecture."""
+    return KernelOps(
+        rms_norm=torch_native.rms_norm,
+        add_rms_norm=torch_native.add_rms_norm,
+        apply_rotary=torch_native.apply_rotary,
+        silu_and_mul=torch_native.silu_and_mul,
+        paged_attention=torch_native.paged_attention,
+        choices={name: "torch-native" for name in OP_NAMES},
+    )

@@ -1,0 +1,54 @@
+// The C ABI between the op registration (common/ops.cpp, compiled for the baseline ISA) and
+// the kernel variants (one translation unit per ISA level). A variant exports exactly one
+// constant-initialised KernelTable object and nothing else that runs at load time, so loading
+// the library on a CPU without that ISA is safe; only calling through the table is not.
+//
+// Index [0] of each function array is fp32, [1] is bf16. Pointers are to row-major data with
+// unit stride in the last dimension; row strides are in elements.
+#pragma once
+#include <cstdint>
+
+namespace anycore {
+
+struct AttnArgs {
+  void* out;               // [tokens, heads, head_dim] contiguous
+  const void* q;           // [tokens, heads, head_dim] with strides q_st, q_sh
+  const void* k;           // [slots, kv_heads, head_dim] with strides k_ss, k_sh
+  const void* v;           // same layout as k with strides v_ss, v_sh
+  int64_t q_st, q_sh, k_ss, k_sh, v_ss, v_sh;
+  const int64_t* q_start;  // [batch + 1]
+  const int64_t* seq_lens; // [batch]
+  const int64_t* slots;    // [batch, slots_stride]
+  int64_t slots_stride;
+  const int64_t* items;    // work items, 4 per item: request, kv_head, first query, end query
+  int64_t num_items;
+  int64_t num_heads, num_kv_heads, head_dim;
+  float scale;
+};
+
+using RmsNormFn = void (*)(void* out, const void* x, int64_t x_stride, const void* w, int64_t rows,
+                           int64_t cols, float eps);
+using AddRmsNormFn = void (*)(void* out, void* sum_out, const void* x, int64_t x_stride,
+                              const void* res, int64_t res_stride, const void* w, int64_t rows,
+                              int64_t cols, float eps);
+using RotaryFn = void (*)(void* out, const void* x, int64_t x_stride, const float* cos,
+                          const float* sin, int64_t cs_stride, int64_t rows, int64_t heads,
+                          int64_t head_dim);
+using SiluMulFn = void (*)(void* out, const void* x, int64_t x_stride, int64_t rows, int64_t d);
+using AttnFn = void (*)(const AttnArgs& args);
+
+struct KernelTable {
+  const char* name;
+  RmsNormFn rms_norm[2];
+  AddRmsNormFn add_rms_norm[2];
+  RotaryFn apply_rotary[2];
+  SiluMulFn silu_and_mul[2];
+  AttnFn paged_attention[2];  // null entries fall back to the generic variant
+};
+
+// Attention scratch limits shared by the work splitter and the kernels.
+constexpr int64_t kMaxHeadDim = 512;
+constexpr int64_t kMaxAttnRows = 64;  // (queries per item) * (heads per kv head)
+constexpr int64_t kKeyBlock = 32;
+
+}  // namespace anycore

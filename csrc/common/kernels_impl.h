@@ -1,0 +1,285 @@
+// Every op written once over a vector type V (16 fp32 lanes or fewer) and a storage type T
+// (float or bf16). Included by each ISA translation unit after it defines its V; everything
+// here has internal linkage so each unit keeps the code its own flags produced.
+//
+// Numerics follow anycore/kernels/reference.py: math in fp32, and for bf16 the same
+// intermediate roundings the reference's torch ops perform (so results match to ~1 ulp).
+#pragma once
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <type_traits>
+
+#include "bf16.h"
+#include "kernel_table.h"
+#include "parallel.h"
+
+namespace anycore {
+namespace {
+
+template <typename T>
+constexpr bool kIsBf16 = std::is_same_v<T, bf16>;
+
+template <typename V, typename T>
+inline V round_if_bf16(const V& x) {
+  if constexpr (kIsBf16<T>) {
+    return x.round_bf16();
+  } else {
+    return x;
+  }
+}
+
+template <typename V, typename T>
+inline V load_any(const T* p, int64_t n) {
+  return n >= V::W ? V::load(p) : V::template load_n<T>(p, static_cast<int>(n));
+}
+
+template <typename V, typename T>
+inline void store_any(const V& x, T* p, int64_t n) {
+  if (n >= V::W) {
+    x.store(p);
+  } else {
+    x.template store_n<T>(p, static_cast<int>(n));
+  }
+}
+
+// Parallel grain: rows per thread such that each gets >= ~32k elements of work.
+inline int64_t row_grain(int64_t cols) { return 1 + (32768 / (cols > 0 ? cols : 1)); }
+
+template <typename V, typename T>
+inline void norm_row(T* out, const T* x, const T* w, int64_t cols, float sumsq, float eps) {
+  V r = V::set1(1.0f / std::sqrt(sumsq / static_cast<float>(cols) + eps));
+  for (int64_t i = 0; i < cols; i += V::W) {
+    int64_t n = cols - i;
+    V y = round_if_bf16<V, T>(load_any<V>(x + i, n) * r) * load_any<V>(w + i, n);
+    store_any(y, out + i, n);
+  }
+}
+
+template <typename V, typename T>
+void rms_norm_kernel(void* out_, const void* x_, int64_t xs, const void* w_, int64_t rows, int64_t cols,
+                     float eps) {
+  T* out = static_cast<T*>(out_);
+  const T* x = static_cast<const T*>(x_);
+  const T* w = static_cast<const T*>(w_);
+  parallel_for(rows, row_grain(cols), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const T* xr = x + r * xs;
+      V acc0 = V::zero(), acc1 = V::zero();
+      int64_t i = 0;
+      for (; i + 2 * V::W <= cols; i += 2 * V::W) {
+        V a = V::load(xr + i), b = V::load(xr + i + V::W);
+        acc0 = V::fma(a, a, acc0);
+        acc1 = V::fma(b, b, acc1);
+      }
+      for (; i < cols; i += V::W) {
+        V a = load_any<V>(xr + i, cols - i);
+        acc0 = V::fma(a, a, acc0);
+      }
+      norm_row<V, T>(out + r * cols, xr, w, cols, (acc0 + acc1).sum(), eps);
+    }
+  });
+}
+
+template <typename V, typename T>
+void add_rms_norm_kernel(void* out_, void* sum_, const void* x_, int64_t xs, const void* res_, int64_t rs,
+                         const void* w_, int64_t rows, int64_t cols, float eps) {
+  T* out = static_cast<T*>(out_);
+  T* sum = static_cast<T*>(sum_);
+  const T* x = static_cast<const T*>(x_);
+  const T* res = static_cast<const T*>(res_);
+  const T* w = static_cast<const T*>(w_);
+  parallel_for(rows, row_grain(cols), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const T* xr = x + r * xs;
+      const T* rr = res + r * rs;
+      T* sr = sum + r * cols;
+      V acc = V::zero();
+      for (int64_t i = 0; i < cols; i += V::W) {
+        int64_t n = cols - i;
+        V s = round_if_bf16<V, T>(load_any<V>(xr + i, n) + load_any<V>(rr + i, n));
+        store_any(s, sr + i, n);
+        acc = V::fma(s, s, acc);
+      }
+      norm_row<V, T>(out + r * cols, sr, w, cols, acc.sum(), eps);
+    }
+  });
+}
+
+template <typename V, typename T>
+void rotary_kernel(void* out_, const void* x_, int64_t xs, const float* cos, const float* sin, int64_t cs,
+                   int64_t rows, int64_t heads, int64_t head_dim) {
+  T* out = static_cast<T*>(out_);
+  const T* x = static_cast<const T*>(x_);
+  const int64_t half = head_dim / 2;
+  parallel_for(rows, row_grain(heads * head_dim), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* c = cos + r * cs;
+      const float* s = sin + r * cs;
+      for (int64_t h = 0; h < heads; ++h) {
+        const T* xh = x + r * xs + h * head_dim;
+        T* oh = out + (r * heads + h) * head_dim;
+        for (int64_t j = 0; j < half; j += V::W) {
+          int64_t n = half - j;
+          V x1 = load_any<V>(xh + j, n), x2 = load_any<V>(xh + half + j, n);
+          V c1 = round_if_bf16<V, T>(load_any<V>(c + j, n));
+          V c2 = round_if_bf16<V, T>(load_any<V>(c + half + j, n));
+          V s1 = round_if_bf16<V, T>(load_any<V>(s + j, n));
+          V s2 = round_if_bf16<V, T>(load_any<V>(s + half + j, n));
+          // reference: x * cos + rotate_half(x) * sin, each product rounded to T
+          V o1 = round_if_bf16<V, T>(x1 * c1) - round_if_bf16<V, T>(x2 * s1);
+          V o2 = round_if_bf16<V, T>(x2 * c2) + round_if_bf16<V, T>(x1 * s2);
+          store_any(o1, oh + j, n);
+          store_any(o2, oh + half + j, n);
+        }
+      }
+    }
+  });
+}
+
+template <typename V, typename T>
+void silu_and_mul_kernel(void* out_, const void* x_, int64_t xs, int64_t rows, int64_t d) {
+  T* out = static_cast<T*>(out_);
+  const T* x = static_cast<const T*>(x_);
+  const V one = V::set1(1.0f), zero = V::zero();
+  parallel_for(rows, row_grain(d), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const T* xr = x + r * xs;
+      T* orow = out + r * d;
+      for (int64_t j = 0; j < d; j += V::W) {
+        int64_t n = d - j;
+        V a = load_any<V>(xr + j, n), b = load_any<V>(xr + d + j, n);
+        V act = round_if_bf16<V, T>(a / (one + (zero - a).exp()));
+        store_any(act * b, orow + j, n);
+      }
+    }
+  });
+}
+
+// ---- paged attention -------------------------------------------------------------------
+// One work item = (request, kv head, block of queries); its rows are (query, head in group)
+// pairs sharing the same K/V. Keys are visited in blocks of kKeyBlock with an online softmax
+// (running max m, running sum l, unnormalised accumulator acc), so scratch is bounded.
+
+template <typename V, typename T>
+inline float dot_qk(const float* qf, const T* qraw, const T* k, int64_t d) {
+  if constexpr (V::kBf16Dot && kIsBf16<T>) {
+    return V::dot_bf16(qraw, k, d);
+  } else {
+    V acc = V::zero();
+    for (int64_t i = 0; i < d; i += V::W) acc = V::fma(V::load(qf + i), load_any<V>(k + i, d - i), acc);
+    return acc.sum();
+  }
+}
+
+template <typename V, typename T>
+void attn_item(const AttnArgs& a, const int64_t* item, float* scratch) {
+  const int64_t req = item[0], kvh = item[1], q0 = item[2], q1 = item[3];
+  const int64_t D = a.head_dim, group = a.num_heads / a.num_kv_heads;
+  const int64_t rows = (q1 - q0) * group;
+  const int64_t dpad = (D + V::W - 1) / V::W * V::W;
+  const int64_t seq_len = a.seq_lens[req];
+  const int64_t qbase = a.q_start[req];
+  const int64_t first_pos = seq_len - (a.q_start[req + 1] - qbase);
+  const int64_t* slots = a.slots + req * a.slots_stride;
+  const T* q = static_cast<const T*>(a.q);
+  const T* kc = static_cast<const T*>(a.k);
+  const T* vc = static_cast<const T*>(a.v);
+  T* out = static_cast<T*>(a.out);
+
+  float* qf = scratch;                     // [rows, dpad]
+  float* acc = qf + kMaxAttnRows * dpad;   // [rows, dpad]
+  float* p = acc + kMaxAttnRows * dpad;    // [kKeyBlock] probabilities of one row
+  float m[kMaxAttnRows], l[kMaxAttnRows];
+  int64_t pos[kMaxAttnRows];
+  const T* qrow[kMaxAttnRows];
+  for (int64_t r = 0; r < rows; ++r) {
+    int64_t qi = q0 + r / group, h = kvh * group + r % group;
+    qrow[r] = q + (qbase + qi) * a.q_st + h * a.q_sh;
+    for (int64_t i = 0; i < dpad; ++i) qf[r * dpad + i] = i < D ? to_float(qrow[r][i]) : 0.0f;
+    for (int64_t i = 0; i < dpad; ++i) acc[r * dpad + i] = 0.0f;
+    m[r] = -INFINITY;
+    l[r] = 0.0f;
+    pos[r] = first_pos + qi;
+  }
+  const int64_t kv_end = first_pos + q1;
+  const T* kp[kKeyBlock];
+  const T* vp[kKeyBlock];
+  for (int64_t kb = 0; kb < kv_end; kb += kKeyBlock) {
+    const int64_t bn = kv_end - kb < kKeyBlock ? kv_end - kb : kKeyBlock;
+    for (int64_t b = 0; b < bn; ++b) {
+      int64_t slot = slots[kb + b];
+      kp[b] = kc + slot * a.k_ss + kvh * a.k_sh;
+      vp[b] = vc + slot * a.v_ss + kvh * a.v_sh;
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+      int64_t visible = pos[r] - kb + 1;  // causal: keys kb..pos[r]
+      if (visible <= 0) continue;
+      if (visible > bn) visible = bn;
+      float mb = -INFINITY;
+      for (int64_t b = 0; b < visible; ++b) {
+        p[b] = dot_qk<V, T>(qf + r * dpad, qrow[r], kp[b], D) * a.scale;
+        mb = p[b] > mb ? p[b] : mb;
+      }
+      const float m_new = mb > m[r] ? mb : m[r];
+      const float alpha = std::exp(m[r] - m_new);
+      const V vm = V::set1(m_new);
+      V psum = V::zero();
+      for (int64_t b = 0; b < visible; b += V::W) {
+        int64_t n = visible - b;
+        V e = (load_any<V>(p + b, n) - vm).exp();
+        store_any(e, p + b, n);
+        if (n < V::W) e = V::template load_n<float>(p + b, static_cast<int>(n));  // zero the tail
+        psum = psum + e;
+      }
+      l[r] = l[r] * alpha + psum.sum();
+      m[r] = m_new;
+      const V va = V::set1(alpha);
+      float* ar = acc + r * dpad;
+      for (int64_t d = 0; d < D; d += V::W) {
+        int64_t n = D - d;
+        V s = V::load(ar + d) * va;
+        for (int64_t b = 0; b < visible; ++b) s = V::fma(V::set1(p[b]), load_any<V>(vp[b] + d, n), s);
+        s.store(ar + d);
+      }
+    }
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    int64_t qi = q0 + r / group, h = kvh * group + r % group;
+    T* o = out + ((qbase + qi) * a.num_heads + h) * D;
+    const V inv = V::set1(l[r] > 0.0f ? 1.0f / l[r] : 0.0f);
+    for (int64_t d = 0; d < D; d += V::W) store_any(V::load(acc + r * dpad + d) * inv, o + d, D - d);
+  }
+}
+
+template <typename V, typename T>
+void paged_attention_kernel(const AttnArgs& a) {
+  const int64_t dpad = (a.head_dim + V::W - 1) / V::W * V::W;
+  const int64_t scratch_floats = 2 * kMaxAttnRows * dpad + kKeyBlock + V::W;
+  const int nt = omp_in_parallel() ? 1 : static_cast<int>(a.num_items < omp_get_max_threads()
+                                                             ? a.num_items : omp_get_max_threads());
+#pragma omp parallel num_threads(nt > 0 ? nt : 1)
+  {
+    float* scratch = static_cast<float*>(std::malloc(sizeof(float) * scratch_floats));
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t i = 0; i < a.num_items; ++i) attn_item<V, T>(a, a.items + 4 * i, scratch);
+    std::free(scratch);
+  }
+}
+
+}  // namespace
+}  // namespace anycore
+
+// Defines the variant's exported table: the only external symbol of an ISA translation unit.
+#define ANYCORE_DEFINE_TABLE(NAME, V)                                                            \
+  namespace anycore {                                                                           \
+  extern const KernelTable kTable_##NAME;                                                       \
+  const KernelTable kTable_##NAME = {                                                           \
+      #NAME,                                                                                    \
+      {&rms_norm_kernel<V, float>, &rms_norm_kernel<V, bf16>},                                  \
+      {&add_rms_norm_kernel<V, float>, &add_rms_norm_kernel<V, bf16>},                          \
+      {&rotary_kernel<V, float>, &rotary_kernel<V, bf16>},                                      \
+      {&silu_and_mul_kernel<V, float>, &silu_and_mul_kernel<V, bf16>},                          \
+      {&paged_attention_kernel<V, float>, &paged_attention_kernel<V, bf16>},                    \
+  };                                                                                            \
+  }

@@ -1,0 +1,34 @@
+// OpenMP helpers for kernel translation units. Everything is in an anonymous namespace: each
+// ISA translation unit gets its own copy compiled with its own flags (no ODR sharing of code
+// built for a wider ISA).
+#pragma once
+#include <omp.h>
+
+#include <cstdint>
+
+namespace anycore {
+namespace {
+
+// f(begin, end) over [0, n) in static contiguous chunks; each thread gets >= grain items, and
+// nested calls (from inside a parallel region) run serially.
+template <typename F>
+inline void parallel_for(int64_t n, int64_t grain, const F& f) {
+  if (n <= 0) return;
+  int64_t max_threads = omp_in_parallel() ? 1 : omp_get_max_threads();
+  int64_t nt = (n + grain - 1) / (grain < 1 ? 1 : grain);
+  if (nt > max_threads) nt = max_threads;
+  if (nt <= 1) {
+    f(int64_t{0}, n);
+    return;
+  }
+#pragma omp parallel num_threads(static_cast<int>(nt))
+  {
+    int64_t t = omp_get_thread_num(), k = omp_get_num_threads();
+    int64_t chunk = (n + k - 1) / k;
+    int64_t b = t * chunk, e = b + chunk < n ? b + chunk : n;
+    if (b < e) f(b, e);
+  }
+}
+
+}  // namespace
+}  // namespace anycore

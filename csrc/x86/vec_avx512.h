@@ -1,0 +1,123 @@
+// 16-lane fp32 vector on AVX-512 F/BW/VL. With ANYCORE_AVX512_BF16 defined (the avx512_bf16
+// translation unit) bf16 rounding uses VCVTNEPS2BF16 and bf16 dot products use VDPBF16PS.
+#pragma once
+#include <immintrin.h>
+
+#include <cstdint>
+
+#include "../common/bf16.h"
+
+namespace anycore {
+namespace {
+
+struct VecAvx512 {
+  static constexpr int W = 16;
+#ifdef ANYCORE_AVX512_BF16
+  static constexpr bool kBf16Dot = true;
+#else
+  static constexpr bool kBf16Dot = false;
+#endif
+  __m512 v;
+
+  static __mmask16 mask(int n) { return static_cast<__mmask16>((1u << n) - 1u); }
+  static VecAvx512 set1(float a) { return {_mm512_set1_ps(a)}; }
+  static VecAvx512 zero() { return {_mm512_setzero_ps()}; }
+  static VecAvx512 load(const float* p) { return {_mm512_loadu_ps(p)}; }
+  static VecAvx512 load(const bf16* p) {
+    __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    return {_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16))};
+  }
+  template <typename T>
+  static VecAvx512 load_n(const T* p, int n) {
+    if constexpr (std::is_same_v<T, float>) {
+      return {_mm512_maskz_loadu_ps(mask(n), p)};
+    } else {
+      __m256i h = _mm256_maskz_loadu_epi16(mask(n), p);
+      return {_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16))};
+    }
+  }
+  // fp32 -> bf16 bits in the low 16 of each 32-bit lane (round to nearest even, NaN kept quiet)
+  static __m512i bf16_bits(__m512 x) {
+    __m512i u = _mm512_castps_si512(x);
+    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb), 16);
+    __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    return _mm512_mask_or_epi32(r, nan, _mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+  }
+  void store(float* p) const { _mm512_storeu_ps(p, v); }
+  void store(bf16* p) const {
+#ifdef ANYCORE_AVX512_BF16
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), (__m256i)_mm512_cvtneps_pbh(v));
+#else
+    _mm512_mask_cvtepi32_storeu_epi16(p, 0xffff, bf16_bits(v));
+#endif
+  }
+  template <typename T>
+  void store_n(T* p, int n) const {
+    if constexpr (std::is_same_v<T, float>) {
+      _mm512_mask_storeu_ps(p, mask(n), v);
+    } else {
+#ifdef ANYCORE_AVX512_BF16
+      _mm256_mask_storeu_epi16(p, mask(n), (__m256i)_mm512_cvtneps_pbh(v));
+#else
+      _mm512_mask_cvtepi32_storeu_epi16(p, mask(n), bf16_bits(v));
+#endif
+    }
+  }
+  VecAvx512 operator+(const VecAvx512& o) const { return {_mm512_add_ps(v, o.v)}; }
+  VecAvx512 operator-(const VecAvx512& o) const { return {_mm512_sub_ps(v, o.v)}; }
+  VecAvx512 operator*(const VecAvx512& o) const { return {_mm512_mul_ps(v, o.v)}; }
+  VecAvx512 operator/(const VecAvx512& o) const { return {_mm512_div_ps(v, o.v)}; }
+  static VecAvx512 fma(const VecAvx512& a, const VecAvx512& b, const VecAvx512& c) {
+    return {_mm512_fmadd_ps(a.v, b.v, c.v)};
+  }
+  static VecAvx512 max(const VecAvx512& a, const VecAvx512& b) { return {_mm512_max_ps(a.v, b.v)}; }
+  float sum() const { return _mm512_reduce_add_ps(v); }
+  float hmax() const { return _mm512_reduce_max_ps(v); }
+  VecAvx512 exp() const {
+    // same reduction and polynomial as exp_poly() in common/vec_generic.h; 2^n via VSCALEFPS
+    __m512 x = _mm512_min_ps(_mm512_max_ps(v, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return {_mm512_scalef_ps(p, n)};
+  }
+  VecAvx512 round_bf16() const {
+#ifdef ANYCORE_AVX512_BF16
+    __m512i h = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(v));
+#else
+    __m512i h = bf16_bits(v);
+#endif
+    return {_mm512_castsi512_ps(_mm512_slli_epi32(h, 16))};
+  }
+  static float dot_bf16(const bf16* a, const bf16* b, int64_t n) {
+#ifdef ANYCORE_AVX512_BF16
+    __m512 acc = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+      __m512i x = _mm512_loadu_si512(a + i), y = _mm512_loadu_si512(b + i);
+      acc = _mm512_dpbf16_ps(acc, (__m512bh)x, (__m512bh)y);
+    }
+    if (i < n) {
+      __mmask32 m = static_cast<__mmask32>((1ull << (n - i)) - 1ull);
+      __m512i x = _mm512_maskz_loadu_epi16(m, a + i), y = _mm512_maskz_loadu_epi16(m, b + i);
+      acc = _mm512_dpbf16_ps(acc, (__m512bh)x, (__m512bh)y);
+    }
+    return _mm512_reduce_add_ps(acc);
+#else
+    (void)a, (void)b, (void)n;
+    return 0.0f;
+#endif
+  }
+};
+
+}  // namespace
+}  // namespace anycore

@@ -1,0 +1,67 @@
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from anycore.kernels import reference
+
+OP = "paged_attention"
+pytestmark = pytest.mark.arm64
+
+
+def _case(reqs, kv_heads, group, head_dim, dtype, slot_dtype=torch.int64, extra_cols=3):
+    """reqs: (seq_len, new_tokens) per request; KV slots scattered over a shuffled pool."""
+    heads = kv_heads * group
+    total_slots = sum(s for s, _ in reqs) + 7
+    k_cache = torch.randn(total_slots, kv_heads, head_dim, dtype=dtype)
+    v_cache = torch.randn(total_slots, kv_heads, head_dim, dtype=dtype)
+    perm = torch.randperm(total_slots)
+    width = max(s for s, _ in reqs) + extra_cols
+    table = torch.full((len(reqs), width), -1, dtype=slot_dtype)
+    used = 0
+    for i, (s, _) in enumerate(reqs):
+        table[i, :s] = perm[used : used + s].to(slot_dtype)
+        used += s
+    q_lens = torch.tensor([n for _, n in reqs])
+    q_start = torch.zeros(len(reqs) + 1, dtype=torch.int64)
+    q_start[1:] = q_lens.cumsum(0)
+    q = torch.randn(int(q_start[-1]), heads, head_dim, dtype=dtype)
+    seq_lens = torch.tensor([s for s, _ in reqs], dtype=torch.int64)
+    return q, k_cache, v_cache, q_start, seq_lens, table, 1.0 / math.sqrt(head_dim)
+
+
+DT = [pytest.param(torch.float32, id="fp32"), pytest.param(torch.bfloat16, id="bf16")]
+
+
+@pytest.mark.parametrize("dtype", DT)
+@pytest.mark.parametrize("head_dim", [64, 80, 128])
+@pytest.mark.parametrize("kv_heads, group", [(2, 1), (1, 3), (2, 4)])
+def test_mixed_batch(kernel, tol, dtype, head_dim, kv_heads, group):
+    # decode (1 new), chunked prefill over a cached prefix, full prefill, odd lengths
+    reqs = [(37, 1), (70, 13), (9, 9), (1, 1), (45, 1)]
+    args = _case(reqs, kv_heads, group, head_dim, dtype)
+    torch.testing.assert_close(kernel(*args), reference.paged_attention(*args), **tol(dtype))
+
+
+@pytest.mark.parametrize("dtype", DT)
+def test_long_prefill_int32_slots(kernel, tol, dtype):
+    # > 64 queries per request and > 32-key blocks; int32 slot table as the cache may hand out
+    args = _case([(150, 150), (100, 67)], 2, 4, 64, dtype, slot_dtype=torch.int32)
+    torch.testing.assert_close(kernel(*args), reference.paged_attention(*args), **tol(dtype))
+
+
+def test_strided_query_view(kernel, tol):
+    # q as a view into a fused qkv projection output (token stride > heads * head_dim)
+    q, k, v, qs, sl, table, scale = _case([(20, 4), (6, 1)], 2, 2, 64, torch.float32)
+    wide = torch.randn(q.shape[0], q.shape[1] + 3, q.shape[2])
+    wide[:, : q.shape[1]] = q
+    qv = wide[:, : q.shape[1]]
+    torch.testing.assert_close(kernel(qv, k, v, qs, sl, table, scale),
+                               reference.paged_attention(q, k, v, qs, sl, table, scale), **tol(torch.float32))
+
+
+def test_empty_request_in_batch(kernel, tol):
+    args = _case([(5, 2), (8, 0), (3, 3)], 1, 2, 64, torch.float32)
+    torch.testing.assert_close(kernel(*args), reference.paged_attention(*args), **tol(torch.float32))
