@@ -1,0 +1,120 @@
+"""Frozen configuration dataclasses. argv is read only in cli.py; everything else takes these."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+
+
+def parse_dtype(name: str | torch.dtype) -> torch.dtype:
+    if isinstance(name, torch.dtype):
+        if name not in (torch.float32, torch.bfloat16):
+            raise ValueError(f"unsupported dtype {name}; use float32 or bfloat16")
+        return name
+    try:
+        return _DTYPES[name.lower()]
+    except KeyError:
+        raise ValueError(f"unsupported dtype {name!r}; use one of {sorted(set(_DTYPES))}") from None
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Architecture hyper-parameters, normalised from an HF config.json or GGUF metadata."""
+
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False  # Qwen2: bias on q/k/v projections
+    qk_norm: bool = False  # Qwen3: RMSNorm over each head of q and k before RoPE
+    rope_scaling: dict[str, Any] | None = None
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+
+    @classmethod
+    def from_hf(cls, hf: dict[str, Any]) -> ModelConfig:
+        archs = hf.get("architectures") or []
+        if not archs:
+            raise ValueError("config.json has no 'architectures' entry; cannot pick a model class")
+        num_heads = hf["num_attention_heads"]
+        hidden = hf["hidden_size"]
+        arch = archs[0]
+        eos = hf.get("eos_token_id")
+        eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
+        rope_scaling = hf.get("rope_scaling")
+        rope_theta = hf.get("rope_theta")
+        params = hf.get("rope_parameters")  # transformers >= 5 folds theta and scaling here
+        if isinstance(params, dict):
+            rope_theta = rope_theta or params.get("rope_theta")
+            if params.get("rope_type", "default") != "default":
+                rope_scaling = params
+        return cls(
+            architecture=arch,
+            vocab_size=hf["vocab_size"],
+            hidden_size=hidden,
+            intermediate_size=hf["intermediate_size"],
+            num_layers=hf["num_hidden_layers"],
+            num_heads=num_heads,
+            num_kv_heads=hf.get("num_key_value_heads") or num_heads,
+            head_dim=hf.get("head_dim") or hidden // num_heads,
+            rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
+            rope_theta=float(rope_theta or 10000.0),
+            max_position_embeddings=hf.get("max_position_embeddings", 4096),
+            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            attention_bias=bool(hf.get("attention_bias", arch == "Qwen2ForCausalLM")),
+            qk_norm=arch == "Qwen3ForCausalLM",
+            rope_scaling=rope_scaling,
+            bos_token_id=hf.get("bos_token_id"),
+            eos_token_ids=eos_ids,
+        )
+
+
+def _env_float(name: str) -> float | None:
+    value = os.environ.get(name)
+    return float(value) if value else None
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything the engine needs besides the model files."""
+
+    model: str | None = None  # path to a GGUF file or an HF folder; None = the default model
+    dtype: str = "bfloat16"
+    # KV pool budget in GiB; env ANYCORE_KV_CACHE_GB overrides the default (not an explicit value)
+    kv_cache_gb: float | None = None
+    max_model_len: int | None = None  # default: the model's context length
+    max_num_seqs: int = 64  # running requests per step
+    max_num_batched_tokens: int = 512  # token budget per step (= prefill chunk size)
+    policy: str = "fcfs"  # or "lpm" (longest prefix match first)
+    enable_prefix_caching: bool = True
+    threads: int | None = None
+    seed: int = 0
+    kernels: str | None = None  # override string for the kernel table, e.g. "torch-native"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def resolved_kv_cache_gb(self) -> float:
+        if self.kv_cache_gb is not None:
+            return self.kv_cache_gb
+        return _env_float("ANYCORE_KV_CACHE_GB") or 1.0
+
+    def __post_init__(self) -> None:
+        parse_dtype(self.dtype)
+        if self.policy not in ("fcfs", "lpm"):
+            raise ValueError(f"unknown scheduling policy {self.policy!r}; use 'fcfs' or 'lpm'")
+        if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
+            raise ValueError("max_num_seqs and max_num_batched_tokens must be >= 1")
+        if self.kv_cache_gb is not None and self.kv_cache_gb <= 0:
+            raise ValueError("kv_cache_gb must be > 0")

@@ -1,0 +1,173 @@
+"""Engine: owns model, KV pool, scheduler and detokenizers; ``step()`` is the whole loop body.
+
+Not thread-safe by design: one thread drives it (the offline API directly, the server through
+``AsyncEngine``), so no lock sits on the hot path.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+
+import torch
+from tqdm import tqdm
+
+from anycore.cache.manager import KVCacheManager
+from anycore.config import EngineConfig, parse_dtype
+from anycore.engine.detokenizer import IncrementalDetokenizer
+from anycore.engine.runner import KVPool, ModelRunner
+from anycore.loader import open_model_source
+from anycore.models import build_model
+from anycore.outputs import StepOutput
+from anycore.sampling_params import SamplingParams
+from anycore.scheduler.request import Request
+from anycore.scheduler.scheduler import Scheduler
+
+log = logging.getLogger("anycore")
+
+
+class Engine:
+    def __init__(self, config: EngineConfig) -> None:
+        t0 = time.perf_counter()
+        self.config = config
+        if config.threads:
+            torch.set_num_threads(config.threads)
+        self.dtype = parse_dtype(config.dtype)
+        source = open_model_source(config.model)
+        self.source = source
+        self.model_config = mc = source.config
+        self.tokenizer = source.tokenizer
+        self.model_name = source.path.name
+
+        per_slot = KVPool.bytes_per_slot(mc.num_layers, mc.num_kv_heads, mc.head_dim, self.dtype)
+        kv_gb = config.resolved_kv_cache_gb()
+        num_slots = int(kv_gb * (1 << 30)) // per_slot
+        if num_slots < 16:
+            raise ValueError(f"KV budget {kv_gb} GiB holds only {num_slots} tokens; raise --kv-cache-gb")
+        max_len = config.max_model_len or mc.max_position_embeddings
+        if max_len > num_slots:
+            log.warning("max_model_len %d exceeds the KV pool (%d tokens); capping it", max_len, num_slots)
+            max_len = num_slots
+        self.max_model_len = max_len
+
+        self.ops = _select_ops(config)
+        weights = tqdm(source.weights(self.dtype), total=len(source.weight_names), desc="loading weights",
+                       unit="tensor", disable=None, leave=False)
+        self.model = build_model(mc, self.ops, self.dtype, weights, max_len)
+        self.kv_pool = KVPool(mc.num_layers, num_slots, mc.num_kv_heads, mc.head_dim, self.dtype)
+        self.kv = KVCacheManager(num_slots, config.enable_prefix_caching)
+        self.scheduler = Scheduler(self.kv, config.max_num_batched_tokens, config.max_num_seqs, config.policy)
+        self.runner = ModelRunner(self.model, self.kv_pool)
+
+        eos = set(mc.eos_token_ids)
+        if getattr(self.tokenizer, "eos_token_id", None) is not None:
+            eos.add(self.tokenizer.eos_token_id)
+        self.eos_token_ids = frozenset(eos)
+        self._requests: dict[str, Request] = {}
+        self._detok: dict[str, IncrementalDetokenizer] = {}
+        self._ids = itertools.count()
+        self.kv_cache_gb = kv_gb
+        log.info(
+            "model %s (%s, %d layers, %.1fM params) dtype %s; KV pool %.2f GiB = %d tokens; max_model_len %d; "
+            "loaded in %.1fs",
+            self.model_name, mc.architecture, mc.num_layers,
+            sum(p.numel() for p in self.model.parameters()) / 1e6, config.dtype, kv_gb, num_slots, max_len,
+            time.perf_counter() - t0,
+        )
+        log.info("kernels: %s", ", ".join(f"{k}={v}" for k, v in self.ops.choices.items()))
+
+    # ---- requests -------------------------------------------------------------------------
+    def add_request(
+        self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None
+    ) -> str:
+        """Queues a request; raises ValueError (naming the problem) for unusable input."""
+        params.validate()
+        if params.n != 1:
+            raise ValueError("Engine.add_request takes n == 1; fan out n > 1 in the caller")
+        if not prompt_token_ids:
+            raise ValueError("the prompt is empty")
+        vocab = self.model_config.vocab_size
+        if any((not isinstance(t, int)) or t < 0 or t >= vocab for t in prompt_token_ids):
+            raise ValueError(f"prompt token ids must be integers in [0, {vocab})")
+        if len(prompt_token_ids) >= self.max_model_len:
+            raise ValueError(
+                f"prompt has {len(prompt_token_ids)} tokens; this model's context is {self.max_model_len} tokens "
+                "(prompt + at least one generated token must fit)"
+            )
+        rid = request_id if request_id is not None else f"req-{next(self._ids)}"
+        if rid in self._requests:
+            raise ValueError(f"duplicate request id {rid!r}")
+        req = Request(rid, list(prompt_token_ids), params, self.eos_token_ids, self.max_model_len)
+        if params.seed is not None:
+            req.generator = torch.Generator().manual_seed(params.seed)
+        self.scheduler.add(req)
+        self._requests[rid] = req
+        self._detok[rid] = IncrementalDetokenizer(
+            self.tokenizer, req.prompt_token_ids, params.stop, params.skip_special_tokens,  # type: ignore[arg-type]
+            params.include_stop_str_in_output,
+        )
+        return rid
+
+    def abort(self, request_id: str) -> None:
+        req = self._requests.pop(request_id, None)
+        self._detok.pop(request_id, None)
+        if req is not None:
+            self.scheduler.finish(req, "abort")
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def get_request(self, request_id: str) -> Request | None:
+        return self._requests.get(request_id)
+
+    # ---- the loop body ----------------------------------------------------------------------
+    def step(self) -> list[StepOutput]:
+        out = self.scheduler.schedule()
+        if out.is_empty:
+            return []
+        sampled, logprobs = self.runner.execute(out)
+        progressed = self.scheduler.update(out, sampled)
+        now = time.monotonic()
+        results = []
+        for req in progressed:
+            rid = req.request_id
+            token = req.output_token_ids[-1]
+            if req.first_token_time is None:
+                req.first_token_time = now
+            lp = logprobs.get(rid)
+            if lp is not None:
+                req.logprobs.append(lp)
+            detok = self._detok[rid]
+            detok.add([token])
+            if detok.stopped and not req.is_finished:
+                self.scheduler.finish(req, "stop")
+            finished = req.is_finished
+            results.append(StepOutput(
+                request_id=rid,
+                new_token_ids=[token],
+                delta_text=detok.delta(final=finished),
+                finished=finished,
+                finish_reason=req.finish_reason,
+                new_logprobs=[lp] if lp is not None else [],
+                num_prompt_tokens=req.num_prompt_tokens,
+                num_output_tokens=req.num_output_tokens,
+                num_cached_tokens=req.num_cached_tokens,
+            ))
+            if finished:
+                del self._requests[rid]
+                del self._detok[rid]
+        return results
+
+    def output_text(self, request_id: str) -> str:
+        return self._detok[request_id].text
+
+
+def _select_ops(config: EngineConfig):
+    try:
+        from anycore.kernels.dispatch import select_ops
+    except ImportError:  # dispatch layer not present: the portable table
+        from anycore.kernels.ops import torch_native_ops
+
+        return torch_native_ops()
+    return select_ops(overrides=config.kernels, threads=config.threads)

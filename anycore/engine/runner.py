@@ -1,0 +1,86 @@
+"""ModelRunner: owns the model and the KV tensors; turns a SchedulerOutput into a forward pass."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+from anycore.engine.sampler import SamplingBatch, sample
+from anycore.layers.forward_batch import ForwardBatch
+from anycore.scheduler.request import TokenLogprob
+from anycore.scheduler.scheduler import SchedulerOutput
+
+
+class KVPool:
+    """K and V for every layer: ``[num_layers, num_slots, num_kv_heads, head_dim]`` each."""
+
+    def __init__(self, num_layers: int, num_slots: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype):
+        shape = (num_layers, num_slots, num_kv_heads, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype)
+        self.v = torch.zeros(shape, dtype=dtype)
+
+    @staticmethod
+    def bytes_per_slot(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+        return 2 * num_layers * num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+
+
+class ModelRunner:
+    def __init__(self, model: nn.Module, kv: KVPool) -> None:
+        self.model = model
+        self.kv = kv
+
+    def build_batch(self, out: SchedulerOutput) -> ForwardBatch:
+        sched = out.scheduled
+        n_new = np.array([s.num_new_tokens for s in sched], dtype=np.int64)
+        starts = np.array([s.start for s in sched], dtype=np.int64)
+        seq_lens = starts + n_new
+        q_start = np.zeros(len(sched) + 1, dtype=np.int64)
+        np.cumsum(n_new, out=q_start[1:])
+        total = int(q_start[-1])
+        # positions: start..start+n for each request, built without a per-token loop
+        positions = np.arange(total, dtype=np.int64) - np.repeat(q_start[:-1] - starts, n_new)
+        input_ids = np.empty(total, dtype=np.int64)
+        slot_table = np.zeros((len(sched), int(seq_lens.max())), dtype=np.int64)
+        for i, s in enumerate(sched):
+            r = s.request
+            input_ids[q_start[i] : q_start[i + 1]] = r.all_token_ids[s.start : s.start + s.num_new_tokens]
+            slot_table[i, : seq_lens[i]] = r.slots[: seq_lens[i]]
+        rows = np.arange(len(sched))
+        slot_mapping = slot_table[np.repeat(rows, n_new), positions]
+        sample_rows = [i for i, s in enumerate(sched) if s.sample]
+        logits_indices = q_start[1:][sample_rows] - 1
+        t = torch.from_numpy
+        return ForwardBatch(
+            input_ids=t(input_ids),
+            positions=t(positions),
+            slot_mapping=t(slot_mapping),
+            q_start_loc=t(q_start),
+            seq_lens=t(seq_lens),
+            slot_table=t(slot_table),
+            logits_indices=t(np.ascontiguousarray(logits_indices)),
+            k_cache=self.kv.k,
+            v_cache=self.kv.v,
+        )
+
+    @torch.inference_mode()
+    def execute(self, out: SchedulerOutput) -> tuple[dict[str, int], dict[str, TokenLogprob]]:
+        """Runs one forward pass; returns the sampled token (and logprobs) per sampling request."""
+        batch = self.build_batch(out)
+        hidden = self.model(batch)
+        reqs = [s.request for s in out.scheduled if s.sample]
+        if not reqs:
+            return {}, {}
+        logits = self.model.compute_logits(hidden)
+        tokens, logprobs = sample(logits, SamplingBatch.from_requests(reqs))
+        ids = [r.request_id for r in reqs]
+        sampled = dict(zip(ids, tokens.tolist()))
+        lps = {i: lp for i, lp in zip(ids, logprobs) if lp is not None}
+        return sampled, lps
+
+    @torch.inference_mode()
+    def prompt_logits(self, out: SchedulerOutput) -> torch.Tensor:
+        """Logits of every new token in the batch (for tests and perplexity)."""
+        batch = self.build_batch(out)
+        batch.logits_indices = torch.arange(batch.input_ids.shape[0])
+        return self.model.compute_logits(self.model(batch))

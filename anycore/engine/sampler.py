@@ -1,0 +1,162 @@
+"""Batched sampling: penalties, temperature, top-k/top-p/min-p, seeded draws, logprobs.
+
+Everything is one tensor op over the batch; the only per-row work is drawing noise for rows
+with their own seed (each from its own generator, so a seeded request's tokens do not depend
+on what else is in the batch).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from anycore.scheduler.request import Request, TokenLogprob
+
+
+@dataclass
+class SamplingBatch:
+    temperature: torch.Tensor  # [B] (0 = greedy)
+    top_k: torch.Tensor | None  # [B] long, 0 = off
+    top_p: torch.Tensor | None  # [B]
+    min_p: torch.Tensor | None  # [B]
+    repetition: torch.Tensor | None  # [B]
+    frequency: torch.Tensor | None
+    presence: torch.Tensor | None
+    output_ids: torch.Tensor | None  # [B, max_out] padded with -1 (for penalties)
+    context_ids: torch.Tensor | None  # [B, max_ctx] prompt+output padded with -1 (repetition)
+    ban_ids: list[list[int]] | None  # per row: tokens banned now (EOS before min_tokens)
+    generators: list[torch.Generator | None]
+    all_greedy: bool
+    num_logprobs: list[int | None]
+
+    @classmethod
+    def from_requests(cls, reqs: list[Request]) -> SamplingBatch:
+        ps = [r.params for r in reqs]
+        f32 = torch.float32
+
+        def col(values, dtype=f32):
+            return torch.tensor(values, dtype=dtype)
+
+        need_rep = any(p.repetition_penalty != 1.0 for p in ps)
+        need_freq = any(p.frequency_penalty != 0.0 or p.presence_penalty != 0.0 for p in ps)
+        bans = None
+        if any(r.num_output_tokens < r.params.min_tokens for r in reqs):
+            bans = [
+                sorted(r.eos_token_ids | set(r.params.stop_token_ids)) if r.num_output_tokens < r.params.min_tokens else []
+                for r in reqs
+            ]
+        return cls(
+            temperature=col([p.temperature for p in ps]),
+            top_k=col([p.top_k for p in ps], torch.long) if any(p.top_k > 0 for p in ps) else None,
+            top_p=col([p.top_p for p in ps]) if any(p.top_p < 1.0 for p in ps) else None,
+            min_p=col([p.min_p for p in ps]) if any(p.min_p > 0.0 for p in ps) else None,
+            repetition=col([p.repetition_penalty for p in ps]) if need_rep else None,
+            frequency=col([p.frequency_penalty for p in ps]) if need_freq else None,
+            presence=col([p.presence_penalty for p in ps]) if need_freq else None,
+            output_ids=_pad([r.output_token_ids for r in reqs]) if need_freq else None,
+            context_ids=_pad([r.all_token_ids for r in reqs]) if need_rep else None,
+            ban_ids=bans,
+            generators=[r.generator for r in reqs],
+            all_greedy=all(p.temperature == 0.0 for p in ps),
+            num_logprobs=[p.logprobs for p in ps],
+        )
+
+
+def _pad(rows: list[list[int]]) -> torch.Tensor:
+    width = max(1, max(len(r) for r in rows))
+    out = torch.full((len(rows), width), -1, dtype=torch.long)
+    for i, r in enumerate(rows):
+        if r:
+            out[i, : len(r)] = torch.tensor(r, dtype=torch.long)
+    return out
+
+
+def _token_counts(ids: torch.Tensor, vocab: int) -> torch.Tensor:
+    """[B, V] occurrence counts of the (−1 padded) ids."""
+    counts = torch.zeros(ids.shape[0], vocab + 1, dtype=torch.float32)
+    counts.scatter_add_(1, ids.clamp(min=-1) % (vocab + 1), torch.ones_like(ids, dtype=torch.float32))
+    return counts[:, :vocab]  # padding (-1) lands in column V and is dropped
+
+
+def apply_penalties(logits: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
+    vocab = logits.shape[1]
+    if b.repetition is not None:
+        seen = _token_counts(b.context_ids, vocab) > 0
+        rep = b.repetition[:, None]
+        penalised = torch.where(logits > 0, logits / rep, logits * rep)
+        logits = torch.where(seen, penalised, logits)
+    if b.frequency is not None:
+        counts = _token_counts(b.output_ids, vocab)
+        logits = logits - b.frequency[:, None] * counts - b.presence[:, None] * (counts > 0).float()
+    if b.ban_ids is not None:
+        for i, ids in enumerate(b.ban_ids):
+            if ids:
+                logits[i, ids] = float("-inf")
+    return logits
+
+
+def _filter(logits: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
+    """Masks tokens outside top-k / top-p / min-p with -inf (logits already temperature-scaled)."""
+    if b.top_k is not None:
+        k = torch.where(b.top_k > 0, b.top_k, torch.full_like(b.top_k, logits.shape[1]))
+        kth = logits.sort(dim=-1, descending=True).values.gather(1, (k - 1).clamp(max=logits.shape[1] - 1)[:, None])
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if b.top_p is not None:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        probs = sorted_logits.softmax(dim=-1)
+        # drop a token when the mass strictly before it already reaches top_p (keeps >= 1 token)
+        before = probs.cumsum(dim=-1) - probs
+        drop_sorted = before >= b.top_p[:, None]
+        drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    if b.min_p is not None:
+        probs = logits.softmax(dim=-1)
+        floor = probs.max(dim=-1, keepdim=True).values * b.min_p[:, None]
+        logits = logits.masked_fill(probs < floor, float("-inf"))
+    return logits
+
+
+def _exponential_noise(shape: tuple[int, int], generators: list[torch.Generator | None]) -> torch.Tensor:
+    noise = torch.empty(shape).exponential_()
+    for i, g in enumerate(generators):
+        if g is not None:
+            noise[i] = torch.empty(shape[1]).exponential_(generator=g)
+    return noise
+
+
+def sample(logits: torch.Tensor, b: SamplingBatch) -> tuple[torch.Tensor, list[TokenLogprob | None]]:
+    """Next token per row and, where asked, its logprob with top-N alternatives.
+
+    Logprobs are of the model's distribution (log-softmax of raw logits), as vLLM reports them.
+    """
+    raw_logprobs = logits.log_softmax(dim=-1) if any(n is not None for n in b.num_logprobs) else None
+    logits = apply_penalties(logits, b)
+    greedy_tokens = logits.argmax(dim=-1)
+    if b.all_greedy:
+        tokens = greedy_tokens
+    else:
+        temp = torch.where(b.temperature > 0, b.temperature, torch.ones_like(b.temperature))
+        scaled = _filter(logits / temp[:, None], b)
+        probs = scaled.softmax(dim=-1)
+        # Gumbel-max in exponential form: argmax(p / E), E ~ Exp(1), samples from p
+        drawn = (probs / _exponential_noise(tuple(probs.shape), b.generators)).argmax(dim=-1)
+        tokens = torch.where(b.temperature > 0, drawn, greedy_tokens)
+    return tokens, _gather_logprobs(raw_logprobs, tokens, b.num_logprobs)
+
+
+def _gather_logprobs(raw, tokens, num_logprobs) -> list[TokenLogprob | None]:
+    if raw is None:
+        return [None] * len(num_logprobs)
+    k = max(n or 0 for n in num_logprobs)
+    chosen = raw.gather(1, tokens[:, None])[:, 0].tolist()
+    top_vals, top_ids = raw.topk(k, dim=-1) if k > 0 else (None, None)
+    out: list[TokenLogprob | None] = []
+    tok_list = tokens.tolist()
+    for i, n in enumerate(num_logprobs):
+        if n is None:
+            out.append(None)
+            continue
+        top = list(zip(top_ids[i, :n].tolist(), top_vals[i, :n].tolist())) if n > 0 else []
+        out.append(TokenLogprob(tok_list[i], chosen[i], top))
+    return out

@@ -1,0 +1,1 @@
+"""Shared building blocks of decoder models; model files compose these."""

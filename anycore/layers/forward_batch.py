@@ -1,0 +1,26 @@
+"""The tensors one forward pass needs, built by the runner from a SchedulerOutput."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class ForwardBatch:
+    """A flat batch of new tokens from several requests (prefill chunks and decodes mixed).
+
+    Invariant: request i's new tokens are rows ``q_start_loc[i]:q_start_loc[i+1]`` and are the
+    last tokens of its sequence of ``seq_lens[i]`` tokens whose KV slots are ``slot_table[i]``.
+    """
+
+    input_ids: torch.Tensor  # [T] int64
+    positions: torch.Tensor  # [T] int64
+    slot_mapping: torch.Tensor  # [T] int64: where each new token's K/V is written
+    q_start_loc: torch.Tensor  # [B + 1] int64
+    seq_lens: torch.Tensor  # [B] int64
+    slot_table: torch.Tensor  # [B, max_seq_len] int64
+    logits_indices: torch.Tensor  # [B'] rows whose next-token logits are wanted
+    k_cache: torch.Tensor  # [num_layers, num_slots, num_kv_heads, head_dim]
+    v_cache: torch.Tensor

@@ -1,0 +1,69 @@
+"""Linear layers with a seam for quantization methods and native kernels.
+
+A ``Linear`` owns its parameters; *how* it multiplies is delegated to a ``LinearMethod`` so a
+quantized method (e.g. W8A8 INT8) can replace the weight layout after loading without the model
+file changing. Merged projections (QKV, gate+up) are one Linear with several output shards.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class LinearMethod(Protocol):
+    name: str
+
+    def process_weights_after_loading(self, layer: Linear) -> None: ...
+
+    def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor: ...
+
+
+class UnquantizedLinearMethod:
+    name = "dense"
+
+    def process_weights_after_loading(self, layer: Linear) -> None:
+        pass
+
+    def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, layer.weight, layer.bias)
+
+
+class Linear(nn.Module):
+    """``y = x W^T + b`` where W stacks ``out_sizes`` shards along the output dimension."""
+
+    def __init__(
+        self,
+        in_features: int,
+        out_sizes: int | list[int],
+        bias: bool = False,
+        dtype: torch.dtype = torch.float32,
+        method: LinearMethod | None = None,
+    ) -> None:
+        super().__init__()
+        self.out_sizes = [out_sizes] if isinstance(out_sizes, int) else list(out_sizes)
+        self.in_features = in_features
+        self.out_features = sum(self.out_sizes)
+        self.weight = nn.Parameter(torch.empty(self.out_features, in_features, dtype=dtype), requires_grad=False)
+        self.bias = (
+            nn.Parameter(torch.zeros(self.out_features, dtype=dtype), requires_grad=False) if bias else None
+        )
+        self.method: LinearMethod = method or UnquantizedLinearMethod()
+
+    def load(self, kind: str, tensor: torch.Tensor, shard: int = 0) -> None:
+        """Copies a checkpoint tensor ("weight" or "bias") into output shard ``shard``."""
+        start = sum(self.out_sizes[:shard])
+        size = self.out_sizes[shard]
+        target = self.weight if kind == "weight" else self.bias
+        if target is None:
+            raise ValueError(f"checkpoint has a {kind} this layer does not expect")
+        expected = (size, self.in_features) if kind == "weight" else (size,)
+        if tuple(tensor.shape) != expected:
+            raise ValueError(f"{kind} shard {shard}: checkpoint shape {tuple(tensor.shape)} != expected {expected}")
+        target.data[start : start + size].copy_(tensor)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.method.apply(self, x)

@@ -1,0 +1,55 @@
+"""A model source: normalised config, tokenizer and an iterator over HF-named weights."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from anycore.config import ModelConfig
+from anycore.loader.default_model import default_model_path
+
+
+@dataclass
+class ModelSource:
+    """What a loader yields. Weights are produced lazily (one tensor at a time) to bound peak memory."""
+
+    path: Path
+    format: str  # "gguf" | "hf"
+    hf_config: dict[str, Any]
+    config: ModelConfig
+    tokenizer: Any  # a transformers tokenizer (fast)
+    weight_names: list[str]
+    _weights: Any = field(repr=False, default=None)  # callable(name, dtype) -> tensor
+    # GGUF only: raw tensors (quantized blocks untouched), keyed by HF name; for INT8/INT4 paths
+    raw_tensors: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def weights(self, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
+        for name in self.weight_names:
+            yield name, self._weights(name, dtype)
+
+
+def open_model_source(model: str | Path | None) -> ModelSource:
+    """Opens a GGUF file or an HF folder; ``None`` means the default model."""
+    path = Path(model) if model is not None else default_model_path()
+    if not path.exists():
+        raise FileNotFoundError(f"model path does not exist: {path}")
+    if path.is_file() and path.suffix == ".gguf":
+        from anycore.loader.gguf_loader import open_gguf
+
+        return open_gguf(path)
+    if path.is_dir():
+        ggufs = sorted(path.glob("*.gguf"))
+        if (path / "config.json").is_file():
+            from anycore.loader.hf_loader import open_hf_folder
+
+            return open_hf_folder(path)
+        if len(ggufs) == 1:
+            from anycore.loader.gguf_loader import open_gguf
+
+            return open_gguf(ggufs[0])
+        raise ValueError(f"{path} holds neither config.json nor exactly one .gguf file")
+    raise ValueError(f"unrecognised model file {path}: expected a .gguf file or an HF model folder")

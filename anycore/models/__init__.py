@@ -1,0 +1,3 @@
+from anycore.models.registry import build_model, supported_architectures
+
+__all__ = ["build_model", "supported_architectures"]

@@ -1,0 +1,160 @@
+"""Llama-family decoder: Llama, SmolLM, Mistral, Qwen2 (qkv bias), Qwen3 (q/k norm).
+
+Architecture only; the blocks live in anycore.layers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from anycore.config import ModelConfig
+from anycore.kernels.ops import KernelOps
+from anycore.layers.attention import PagedAttention
+from anycore.layers.embedding import LogitsHead, VocabEmbedding
+from anycore.layers.forward_batch import ForwardBatch
+from anycore.layers.linear import Linear
+from anycore.layers.norm import RMSNorm
+from anycore.layers.rotary import RotaryTable
+from anycore.models.registry import register
+
+# checkpoint projection -> (our merged module, shard index)
+_MERGED = {
+    "q_proj": ("qkv_proj", 0),
+    "k_proj": ("qkv_proj", 1),
+    "v_proj": ("qkv_proj", 2),
+    "gate_proj": ("gate_up_proj", 0),
+    "up_proj": ("gate_up_proj", 1),
+}
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_idx: int, ops: KernelOps, dtype: torch.dtype) -> None:
+        super().__init__()
+        d = cfg.head_dim
+        self.q_size, self.kv_size = cfg.num_heads * d, cfg.num_kv_heads * d
+        self.head_dim = d
+        self.qkv_proj = Linear(cfg.hidden_size, [self.q_size, self.kv_size, self.kv_size], cfg.attention_bias, dtype)
+        self.o_proj = Linear(self.q_size, cfg.hidden_size, False, dtype)
+        self.q_norm = RMSNorm(d, cfg.rms_norm_eps, ops, dtype) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(d, cfg.rms_norm_eps, ops, dtype) if cfg.qk_norm else None
+        self.attn = PagedAttention(cfg.num_heads, cfg.num_kv_heads, d, layer_idx, ops)
+        self.ops = ops
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        if self.q_norm is not None:
+            t = x.shape[0]
+            q = self.q_norm(q.reshape(-1, self.head_dim)).view(t, -1)
+            k = self.k_norm(k.reshape(-1, self.head_dim)).view(t, -1)
+        q = self.ops.apply_rotary(q, cos, sin, self.head_dim)
+        k = self.ops.apply_rotary(k, cos, sin, self.head_dim)
+        return self.o_proj(self.attn(q, k, v, batch))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig, ops: KernelOps, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.gate_up_proj = Linear(cfg.hidden_size, [cfg.intermediate_size] * 2, False, dtype)
+        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, False, dtype)
+        self.ops = ops
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.ops.silu_and_mul(self.gate_up_proj(x)))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_idx: int, ops: KernelOps, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.self_attn = Attention(cfg, layer_idx, ops, dtype)
+        self.mlp = MLP(cfg, ops, dtype)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops, dtype)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops, dtype)
+
+    def forward(self, hidden, residual, cos, sin, batch: ForwardBatch):
+        if residual is None:
+            residual = hidden
+            hidden = self.input_layernorm(hidden)
+        else:
+            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.self_attn(hidden, cos, sin, batch)
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        return self.mlp(hidden), residual
+
+
+@register("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, cfg: ModelConfig, ops: KernelOps, dtype: torch.dtype, max_positions: int) -> None:
+        super().__init__()
+        self.config = cfg
+        self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size, dtype)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i, ops, dtype) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops, dtype)
+        self.lm_head = LogitsHead(
+            cfg.vocab_size, cfg.hidden_size, dtype, self.embed_tokens if cfg.tie_word_embeddings else None
+        )
+        self.rotary = RotaryTable(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, max_positions)
+
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        """Final hidden states of the rows in ``batch.logits_indices``."""
+        cos, sin = self.rotary.lookup(batch.positions)
+        hidden = self.embed_tokens(batch.input_ids)
+        residual = None
+        for layer in self.layers:
+            hidden, residual = layer(hidden, residual, cos, sin, batch)
+        idx = batch.logits_indices
+        hidden, _ = self.norm(hidden[idx], residual[idx])
+        return hidden
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        loaded: set[str] = set()
+        for name, tensor in weights:
+            if "rotary_emb.inv_freq" in name:
+                continue
+            if name == "lm_head.weight" and self.config.tie_word_embeddings:
+                continue
+            path = name.removeprefix("model.")
+            module_path, kind = path.rsplit(".", 1)
+            parent, _, leaf = module_path.rpartition(".")
+            if leaf in _MERGED:
+                merged, shard = _MERGED[leaf]
+                layer = self.get_submodule(f"{parent}.{merged}")
+                layer.load(kind, tensor, shard)
+                loaded.add(f"{parent}.{merged}.{kind}#{shard}")
+                continue
+            try:
+                module = self.get_submodule(module_path)
+            except AttributeError:
+                raise ValueError(f"checkpoint tensor {name!r} matches no parameter of {type(self).__name__}") from None
+            if isinstance(module, Linear):
+                module.load(kind, tensor)
+            else:
+                param = getattr(module, kind)
+                if tuple(param.shape) != tuple(tensor.shape):
+                    raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} != {tuple(param.shape)}")
+                param.data.copy_(tensor)
+            loaded.add(module_path + "." + kind)
+        self._check_complete(loaded)
+        for module in self.modules():
+            if isinstance(module, Linear):
+                module.method.process_weights_after_loading(module)
+
+    def _check_complete(self, loaded: set[str]) -> None:
+        missing = []
+        for name, module in self.named_modules():
+            if isinstance(module, Linear):
+                kinds = ["weight"] + (["bias"] if module.bias is not None else [])
+                shards = range(len(module.out_sizes))
+                for kind in kinds:
+                    keys = [f"{name}.{kind}#{s}" for s in shards] if len(module.out_sizes) > 1 else [f"{name}.{kind}"]
+                    missing += [k for k in keys if k not in loaded]
+            elif isinstance(module, (RMSNorm, VocabEmbedding)) or (isinstance(module, LogitsHead) and module.tied_to is None):
+                if f"{name}.weight" not in loaded:
+                    missing.append(f"{name}.weight")
+        if missing:
+            raise ValueError(f"checkpoint lacks {len(missing)} tensors, e.g. {missing[:4]}")

@@ -1,0 +1,1 @@
+"""Continuous batching: which requests' tokens run in the next step."""

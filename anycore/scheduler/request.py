@@ -1,0 +1,89 @@
+"""A request's state inside the engine: progress is a token count, not a phase."""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from anycore.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]]  # the top-N alternatives (token id, logprob), best first
+
+
+@dataclass(eq=False)
+class Request:
+    """``num_computed_tokens`` chases ``num_tokens``: a prefill chunk, a decode step and a prefix
+    cache hit are all just advances of that count. ``slots[i]`` holds the KV of token i."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    eos_token_ids: frozenset[int] = frozenset()
+    max_model_len: int = 1 << 30
+    output_token_ids: list[int] = field(default_factory=list)
+    all_token_ids: list[int] = field(default_factory=list)
+    status: RequestStatus = RequestStatus.WAITING
+    num_computed_tokens: int = 0
+    num_cached_tokens: int = 0  # prompt tokens served by the prefix cache at admission
+    slots: list[int] = field(default_factory=list)
+    cache_node: Any = None  # locked radix node covering the shared prefix of ``slots``
+    finish_reason: str | None = None
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    generator: Any = None  # torch.Generator when params.seed is set
+    arrival_time: float = field(default_factory=time.monotonic)
+    first_token_time: float | None = None
+    num_preemptions: int = 0
+    prefill_cached: bool = False  # prompt KV published to the prefix cache
+
+    def __post_init__(self) -> None:
+        if not self.all_token_ids:
+            self.all_token_ids = list(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status == RequestStatus.FINISHED
+
+    def append_token(self, token_id: int) -> None:
+        self.output_token_ids.append(token_id)
+        self.all_token_ids.append(token_id)
+
+    def check_stop(self) -> str | None:
+        """Finish reason after the newest token, from token-level rules (stop strings are the
+        detokenizer's job), or None to keep going."""
+        p = self.params
+        last = self.output_token_ids[-1]
+        if self.num_output_tokens > p.min_tokens:
+            if not p.ignore_eos and last in self.eos_token_ids:
+                return "stop"
+            if last in p.stop_token_ids:
+                return "stop"
+        if p.max_tokens is not None and self.num_output_tokens >= p.max_tokens:
+            return "length"
+        if self.num_tokens >= self.max_model_len:
+            return "length"
+        return None

@@ -1,0 +1,161 @@
+"""Token-budget scheduler: continuous batching with chunked prefill, prefix reuse, preemption.
+
+Each step spends at most ``max_num_batched_tokens`` tokens: running requests first (a decode
+costs one token, an unfinished prefill continues with as many as fit), then waiting requests
+are admitted in policy order while budget, sequence slots and KV slots last. When KV slots run
+out, the most recently admitted running request is preempted: its KV is released (its computed
+tokens stay in the prefix cache) and it goes back to the front of the queue to be recomputed.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from anycore.cache.manager import KVCacheManager
+from anycore.scheduler.request import Request, RequestStatus
+
+
+@dataclass
+class ScheduledRequest:
+    request: Request
+    start: int  # num_computed_tokens before this step
+    num_new_tokens: int
+    sample: bool  # this step reaches the last known token, so a new token is sampled
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[ScheduledRequest] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+class Scheduler:
+    def __init__(
+        self,
+        kv: KVCacheManager,
+        max_num_batched_tokens: int,
+        max_num_seqs: int,
+        policy: str = "fcfs",
+    ) -> None:
+        self.kv = kv
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_num_seqs = max_num_seqs
+        self.policy = policy
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.num_preemptions = 0
+
+    def add(self, request: Request) -> None:
+        if request.num_tokens > self.kv.num_slots:
+            raise ValueError(
+                f"request needs {request.num_tokens} KV slots but the pool holds {self.kv.num_slots}; "
+                "raise --kv-cache-gb or shorten the prompt"
+            )
+        request.status = RequestStatus.WAITING
+        self.waiting.append(request)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.max_num_batched_tokens
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            n = min(req.num_tokens - req.num_computed_tokens, budget)
+            slots = self.kv.allocate(n)
+            while slots is None:
+                victim = self.running.pop()
+                self._preempt(victim)
+                out.preempted.append(victim)
+                if victim is req:
+                    break
+                slots = self.kv.allocate(n)
+            if slots is None:
+                break
+            out.scheduled.append(self._schedule_tokens(req, n, slots))
+            budget -= n
+            i += 1
+        if out.preempted:
+            return out  # memory is tight: do not admit anyone this step
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            req = self._next_waiting()
+            self.kv.match(req)
+            n = min(req.num_tokens - req.num_computed_tokens, budget)
+            slots = self.kv.allocate(n)
+            if slots is None:
+                self.kv.release(req)
+                req.num_computed_tokens = req.num_cached_tokens = 0
+                self.waiting.appendleft(req)
+                break
+            req.status = RequestStatus.RUNNING
+            self.running.append(req)
+            out.scheduled.append(self._schedule_tokens(req, n, slots))
+            budget -= n
+        return out
+
+    def _next_waiting(self) -> Request:
+        if self.policy == "lpm" and len(self.waiting) > 1:
+            best = max(self.waiting, key=self.kv.prefix_match_len)
+            self.waiting.remove(best)
+            return best
+        return self.waiting.popleft()
+
+    @staticmethod
+    def _schedule_tokens(req: Request, n: int, slots: list[int]) -> ScheduledRequest:
+        start = req.num_computed_tokens
+        req.slots.extend(slots)
+        return ScheduledRequest(req, start, n, sample=start + n == req.num_tokens)
+
+    def _preempt(self, req: Request) -> None:
+        self.kv.release(req)
+        req.num_computed_tokens = 0
+        req.status = RequestStatus.WAITING
+        req.num_preemptions += 1
+        req.prefill_cached = False
+        self.num_preemptions += 1
+        self.waiting.appendleft(req)
+
+    def update(self, out: SchedulerOutput, sampled: dict[str, int]) -> list[Request]:
+        """Advances the scheduled requests; appends sampled tokens; returns requests that got a
+        new token (finished ones included, already released)."""
+        progressed = []
+        for s in out.scheduled:
+            req = s.request
+            if req.is_finished:  # aborted while the step ran
+                continue
+            req.num_computed_tokens = s.start + s.num_new_tokens
+            if not req.prefill_cached and req.num_computed_tokens >= req.num_prompt_tokens:
+                # publish the prompt's KV now so concurrent requests with this prefix reuse it
+                self.kv.cache_prefix(req)
+                req.prefill_cached = True
+            if not s.sample:
+                continue
+            req.append_token(sampled[req.request_id])
+            reason = req.check_stop()
+            if reason is not None:
+                self.finish(req, reason)
+            progressed.append(req)
+        return progressed
+
+    def finish(self, req: Request, reason: str) -> None:
+        """Ends a request (stop, length, abort) and releases its KV; idempotent."""
+        if req.is_finished:
+            return
+        if req.status == RequestStatus.RUNNING:
+            self.running.remove(req)
+        elif req in self.waiting:
+            self.waiting.remove(req)
+        self.kv.release(req)
+        req.status = RequestStatus.FINISHED
+        req.finish_reason = reason
