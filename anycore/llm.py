@@ -18,8 +18,17 @@ class LLM:
     """Runs a model in this process. ``model=None`` loads the default model (SmolLM2-135M-Instruct)."""
 
     def __init__(self, model: str | None = None, dtype: str = "bfloat16", **engine_kwargs: Any) -> None:
-        self.engine = Engine(EngineConfig(model=model, dtype=dtype, **engine_kwargs))
-        self.tokenizer = self.engine.tokenizer
+        self._attach(Engine(EngineConfig(model=model, dtype=dtype, **engine_kwargs)))
+
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> LLM:
+        llm = cls.__new__(cls)
+        llm._attach(Engine(config))
+        return llm
+
+    def _attach(self, engine: Engine) -> None:
+        self.engine = engine
+        self.tokenizer = engine.tokenizer
 
     def generate(
         self,

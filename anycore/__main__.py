@@ -1,0 +1,5 @@
+import sys
+
+from anycore.cli import main
+
+sys.exit(main())

