@@ -54,7 +54,7 @@ CSRC = Path(__file__).resolve().parents[2] / "csrc"
 LIB_NAME = "libanycore_kernels.so"
 INFO_NAME = "build_info.json"
 _BUILD_FORMAT = 1  # bump when the build recipe changes in a way the hash would not see
-_COMMON_FLAGS = ("-std=c++17", "-O3", "-fPIC", "-fopenmp", "-DNDEBUG", "-Wall", "-Wno-maybe-uninitialized",
+_COMMON_FLAGS = ("-std=c++17", "-O3", "-fPIC", "-fopenmp", "-DNDEBUG", "-fno-math-errno", "-fno-trapping-math", "-Wall", "-Wno-maybe-uninitialized",
                  "-Wno-unknown-pragmas", "-fvisibility=hidden")
 
 
@@ -143,7 +143,9 @@ def _default_dir(digest: str) -> Path:
 
 def _openmp_link(target: BuildTarget) -> list[str]:
     """Link the OpenMP runtime torch ships (same soname, so one runtime per process)."""
+    libs = Path(target.torch_lib).parent.parent / "torch.libs"  # where auditwheel puts it (aarch64)
     bundled = sorted(glob.glob(os.path.join(target.torch_lib, "libgomp*.so*")))
+    bundled += sorted(glob.glob(str(libs / "libgomp*.so*")))
     return [bundled[0], "-lpthread"] if bundled else ["-fopenmp"]
 
 
@@ -152,6 +154,7 @@ def build(target: BuildTarget, out_dir: Path, only: tuple[str, ...] | None = Non
     """Compiles into ``out_dir``; raises on failure (load_extension() turns that into a warning)."""
     variants = _variants(target, only)
     digest = _source_hash(target, variants)
+    _check_compiler(target)
     out_dir.mkdir(parents=True, exist_ok=True)
     obj_dir = out_dir / "obj"
     obj_dir.mkdir(exist_ok=True)
@@ -192,6 +195,17 @@ def build(target: BuildTarget, out_dir: Path, only: tuple[str, ...] | None = Non
     meta = dataclasses.asdict(info) | {"hash": digest, "torch_version": target.torch_version}
     (out_dir / INFO_NAME).write_text(json.dumps(meta, indent=1))
     return info
+
+
+def _check_compiler(target: BuildTarget) -> None:
+    """Refuses a compiler for another architecture (e.g. the host's g++ seen from under QEMU)."""
+    try:
+        proc = subprocess.run([target.cxx, "-dumpmachine"], capture_output=True, text=True)
+    except OSError as e:
+        raise RuntimeError(f"no C++ compiler {target.cxx!r}: {e}") from e
+    machine = normalize_arch(proc.stdout.strip().split("-")[0])
+    if proc.returncode != 0 or machine != target.arch:
+        raise RuntimeError(f"{target.cxx} targets {proc.stdout.strip() or '?'}, not {target.arch}")
 
 
 def _compiler_version(cxx: str) -> str:

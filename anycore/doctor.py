@@ -1,0 +1,86 @@
+"""``anycore doctor``: what this machine offers and what the engine will run on it."""
+
+from __future__ import annotations
+
+import os
+
+from anycore.platform import selection
+from anycore.platform.features import CpuFeatures, detect
+
+# Flags worth showing (everything else in /proc/cpuinfo is noise for an inference engine).
+_SHOWN = {
+    "x86_64": ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16",
+               "avx512_vnni", "avx_vnni", "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8"),
+    "aarch64": ("asimd", "asimdhp", "asimddp", "i8mm", "bf16", "sve", "sve2", "svei8mm", "svebf16",
+                "sme", "sme2"),
+}
+
+
+def run_doctor(features: CpuFeatures | None = None, overrides: str | None = None) -> str:
+    """The report as text. Builds/loads the kernel extension if needed; never raises."""
+    import torch
+
+    from anycore.kernels.build import load_extension
+    from anycore.kernels.dispatch import plan
+
+    f = features or detect()
+    if overrides is None:
+        overrides = os.environ.get(selection.ENV_OVERRIDE, "")
+    lines = ["anycore doctor", ""]
+    caches = ", ".join(f"{k} {_size(v)}" for k, v in f.caches) or "unknown"
+    lines += [
+        f"CPU       {f.model_name} ({f.arch})",
+        f"cores     {f.cores} usable, NUMA nodes {f.numa_nodes}",
+        f"caches    {caches}",
+    ]
+    shown = _SHOWN.get(f.arch, ())
+    have = [x for x in shown if x in f.flags]
+    lacking = [x for x in shown if x not in f.flags]
+    lines.append(f"features  {' '.join(have) or '(none of interest)'}")
+    if lacking:
+        lines.append(f"lacking   {' '.join(lacking)}")
+    if f.sve_vector_bits:
+        lines.append(f"SVE       {f.sve_vector_bits}-bit vectors")
+    warnings: list[str] = list(f.notes)
+
+    ext = load_extension()
+    lines.append("")
+    if ext.available:
+        how = "cached" if ext.cached else f"built in {ext.build_seconds}s"
+        lines += [
+            f"extension {ext.path} ({how})",
+            f"          compiler: {ext.compiler or 'unknown'}; arch {ext.arch}; variants: {', '.join(ext.variants)}",
+        ]
+    else:
+        lines.append(f"extension unavailable: {ext.error}")
+        warnings.append("C++ kernel extension unavailable: every op runs torch-native (slower)")
+
+    sel = plan(f, overrides, ext)
+    lines += ["", "kernels   (override with ANYCORE_KERNELS=op=impl,... or =torch-native)"]
+    width = max(len(op) for op in selection.OPS)
+    for c in sel.choices:
+        lines.append(f"  {c.op:<{width}}  {c.impl:<12}  {c.reason}")
+    warnings += sel.warnings
+
+    threads = torch.get_num_threads()
+    lines += ["", f"threads   torch intra-op {threads}; OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}"]
+    if threads > f.cores:
+        warnings.append(f"{threads} threads on {f.cores} usable cores: oversubscribed")
+    if f.numa_nodes > 1:
+        warnings.append(f"{f.numa_nodes} NUMA nodes: bind the server to one node (numactl -N0 -m0) "
+                        "or expect cross-node memory traffic")
+    if f.has("amx_tile") and not any(v.ops for v in selection.VARIANTS if v.name == "amx"):
+        warnings.append("AMX present, but no AMX kernels exist yet (bf16 GEMM goes through torch/oneDNN)")
+    if f.arch not in ("x86_64", "aarch64"):
+        warnings.append(f"architecture {f.arch}: only the portable generic kernels apply")
+
+    lines += ["", "warnings" if warnings else "warnings  none"]
+    lines += [f"  - {w}" for w in warnings]
+    return "\n".join(lines) + "\n"
+
+
+def _size(n: int) -> str:
+    for unit, div in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= div and n % div == 0:
+            return f"{n // div} {unit}"
+    return f"{n} B"

@@ -1,0 +1,109 @@
+// 16-lane fp32 vector on Advanced SIMD (four float32x4_t, so dot products keep four
+// independent FMA chains). Same interface as common/vec_generic.h.
+#pragma once
+#include <arm_neon.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "../common/bf16.h"
+
+namespace anycore {
+namespace {
+
+struct VecNeon {
+  static constexpr int W = 16;
+  static constexpr bool kBf16Dot = false;
+  float32x4_t v[4];
+
+  static VecNeon set1(float a) {
+    float32x4_t x = vdupq_n_f32(a);
+    return {{x, x, x, x}};
+  }
+  static VecNeon zero() { return set1(0.0f); }
+  static VecNeon load(const float* p) { return {{vld1q_f32(p), vld1q_f32(p + 4), vld1q_f32(p + 8), vld1q_f32(p + 12)}}; }
+  static VecNeon load(const bf16* p) {
+    const uint16_t* u = reinterpret_cast<const uint16_t*>(p);
+    uint16x8_t a = vld1q_u16(u), b = vld1q_u16(u + 8);
+    return {{vreinterpretq_f32_u32(vshll_n_u16(vget_low_u16(a), 16)),
+             vreinterpretq_f32_u32(vshll_high_n_u16(a, 16)),
+             vreinterpretq_f32_u32(vshll_n_u16(vget_low_u16(b), 16)),
+             vreinterpretq_f32_u32(vshll_high_n_u16(b, 16))}};
+  }
+  template <typename T>
+  static VecNeon load_n(const T* p, int n) {
+    T tmp[W] = {};
+    for (int i = 0; i < n; ++i) tmp[i] = p[i];
+    return load(tmp);
+  }
+  // fp32 -> bf16 bits in the low half of each lane (round to nearest even, NaN kept quiet)
+  static uint32x4_t bf16_bits(float32x4_t x) {
+    uint32x4_t u = vreinterpretq_u32_f32(x);
+    uint32x4_t lsb = vandq_u32(vshrq_n_u32(u, 16), vdupq_n_u32(1));
+    uint32x4_t r = vshrq_n_u32(vaddq_u32(vaddq_u32(u, vdupq_n_u32(0x7fff)), lsb), 16);
+    uint32x4_t is_num = vceqq_f32(x, x);
+    return vbslq_u32(is_num, r, vorrq_u32(vshrq_n_u32(u, 16), vdupq_n_u32(0x40)));
+  }
+  void store(float* p) const {
+    for (int i = 0; i < 4; ++i) vst1q_f32(p + 4 * i, v[i]);
+  }
+  void store(bf16* p) const {
+    uint16_t* u = reinterpret_cast<uint16_t*>(p);
+    vst1q_u16(u, vcombine_u16(vmovn_u32(bf16_bits(v[0])), vmovn_u32(bf16_bits(v[1]))));
+    vst1q_u16(u + 8, vcombine_u16(vmovn_u32(bf16_bits(v[2])), vmovn_u32(bf16_bits(v[3]))));
+  }
+  template <typename T>
+  void store_n(T* p, int n) const {
+    T tmp[W];
+    store(tmp);
+    for (int i = 0; i < n; ++i) p[i] = tmp[i];
+  }
+#define ANYCORE_NEON_BINOP(op, fn)                                           \
+  VecNeon operator op(const VecNeon& o) const {                              \
+    return {{fn(v[0], o.v[0]), fn(v[1], o.v[1]), fn(v[2], o.v[2]), fn(v[3], o.v[3])}}; \
+  }
+  ANYCORE_NEON_BINOP(+, vaddq_f32)
+  ANYCORE_NEON_BINOP(-, vsubq_f32)
+  ANYCORE_NEON_BINOP(*, vmulq_f32)
+  ANYCORE_NEON_BINOP(/, vdivq_f32)
+#undef ANYCORE_NEON_BINOP
+  static VecNeon fma(const VecNeon& a, const VecNeon& b, const VecNeon& c) {
+    VecNeon r;
+    for (int i = 0; i < 4; ++i) r.v[i] = vfmaq_f32(c.v[i], a.v[i], b.v[i]);
+    return r;
+  }
+  static VecNeon max(const VecNeon& a, const VecNeon& b) {
+    VecNeon r;
+    for (int i = 0; i < 4; ++i) r.v[i] = vmaxq_f32(a.v[i], b.v[i]);
+    return r;
+  }
+  float sum() const { return vaddvq_f32(vaddq_f32(vaddq_f32(v[0], v[1]), vaddq_f32(v[2], v[3]))); }
+  float hmax() const { return vmaxvq_f32(vmaxq_f32(vmaxq_f32(v[0], v[1]), vmaxq_f32(v[2], v[3]))); }
+  static float32x4_t exp4(float32x4_t x) {
+    // same reduction and polynomial as exp_poly() in common/vec_generic.h
+    x = vminq_f32(vmaxq_f32(x, vdupq_n_f32(-87.0f)), vdupq_n_f32(88.0f));
+    int32x4_t n = vcvtnq_s32_f32(vmulq_f32(x, vdupq_n_f32(1.44269504088896341f)));
+    float32x4_t nf = vcvtq_f32_s32(n);
+    float32x4_t r = vfmsq_f32(x, nf, vdupq_n_f32(0.693359375f));
+    r = vfmaq_f32(r, nf, vdupq_n_f32(2.12194440e-4f));
+    float32x4_t p = vdupq_n_f32(1.9875691500e-4f);
+    p = vfmaq_f32(vdupq_n_f32(1.3981999507e-3f), p, r);
+    p = vfmaq_f32(vdupq_n_f32(8.3334519073e-3f), p, r);
+    p = vfmaq_f32(vdupq_n_f32(4.1665795894e-2f), p, r);
+    p = vfmaq_f32(vdupq_n_f32(1.6666665459e-1f), p, r);
+    p = vfmaq_f32(vdupq_n_f32(5.0000001201e-1f), p, r);
+    p = vfmaq_f32(vaddq_f32(r, vdupq_n_f32(1.0f)), vmulq_f32(p, r), r);
+    int32x4_t bits = vshlq_n_s32(vaddq_s32(n, vdupq_n_s32(127)), 23);
+    return vmulq_f32(p, vreinterpretq_f32_s32(bits));
+  }
+  VecNeon exp() const { return {{exp4(v[0]), exp4(v[1]), exp4(v[2]), exp4(v[3])}}; }
+  VecNeon round_bf16() const {
+    VecNeon r;
+    for (int i = 0; i < 4; ++i) r.v[i] = vreinterpretq_f32_u32(vshlq_n_u32(bf16_bits(v[i]), 16));
+    return r;
+  }
+  static float dot_bf16(const bf16*, const bf16*, int64_t) { return 0.0f; }
+};
+
+}  // namespace
+}  // namespace anycore
