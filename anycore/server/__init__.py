@@ -1,0 +1,1 @@
+"""OpenAI-compatible HTTP server: FastAPI routes in front of an AsyncEngine thread."""

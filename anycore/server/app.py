@@ -1,0 +1,112 @@
+"""The FastAPI app and ``run_server`` (what `anycore serve` calls).
+
+uvicorn starts listening at once and the model loads on the engine thread, so /health answers
+503 while loading and 200 once serving. SIGINT/SIGTERM: uvicorn stops accepting, lets in-flight
+requests run for ``--shutdown-timeout`` seconds, cancels the rest (each cancelled request aborts
+its engine request); then the lifespan hook stops and joins the engine thread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse, PlainTextResponse
+
+from anycore.config import EngineConfig
+from anycore.server import native_api, openai_api
+from anycore.server.async_engine import AsyncEngine
+from anycore.server.context import ServerContext
+from anycore.server.errors import error_body, install_error_handlers
+from anycore.server.openai_api import Ctx
+
+log = logging.getLogger("anycore.server")
+
+
+def build_app(ctx: ServerContext, on_failed=None, url: str = "") -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        loop = asyncio.get_running_loop()
+        t0 = time.monotonic()
+
+        def ready() -> None:
+            ctx.on_engine_ready()
+            eng = ctx.engine.engine
+            log.info("ready in %.1fs: serving %s (dtype %s, max_model_len %d, KV %d slots = %.2f GiB) at %s",
+                     time.monotonic() - t0, ", ".join(ctx.served_model_names), eng.config.dtype,
+                     eng.max_model_len, eng.kv.num_slots, eng.kv_cache_gb, url or "(in-process)")
+
+        def failed(message: str) -> None:
+            log.error("%s", message)
+            if on_failed is not None:
+                on_failed(message)
+
+        ctx.engine.start(loop, on_ready=ready, on_failed=failed)
+        try:
+            yield
+        finally:
+            log.info("shutting down: stopping the engine thread")
+            await ctx.engine.shutdown()
+
+    app = FastAPI(title="anycore", lifespan=lifespan)
+    app.state.ctx = ctx
+    install_error_handlers(app, on_error=ctx.engine.metrics.on_rejected)
+    app.include_router(openai_api.router)
+    app.include_router(native_api.router)
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        state = ctx.engine.state
+        if state == "ready" and ctx.tokenizer is not None:
+            return JSONResponse({"status": "ok"})
+        msg = ctx.engine.load_error if state == "failed" else f"the model is {state}"
+        return JSONResponse({**error_body(503, msg or state, code="model_not_ready"), "status": state},
+                            status_code=503)
+
+    @app.get("/v1/models")
+    async def models(c: Ctx) -> dict[str, Any]:
+        c.require_ready()
+        return {"object": "list", "data": [
+            {"id": name, "object": "model", "created": c.created, "owned_by": "anycore", "root": name,
+             "max_model_len": c.max_model_len} for name in c.served_model_names
+        ]}
+
+    @app.get("/metrics")
+    async def metrics() -> PlainTextResponse:
+        e = ctx.engine
+        text = e.metrics.render(e.stats, e.num_queued, ctx.model_name, e.is_ready)
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    return app
+
+
+def run_server(args: argparse.Namespace, engine_config: EngineConfig) -> int:
+    import uvicorn
+
+    host = getattr(args, "host", "127.0.0.1")
+    port = getattr(args, "port", 8000)
+    names = list(getattr(args, "served_model_name", None) or [])
+    engine = AsyncEngine(engine_config, max_queued_requests=getattr(args, "max_queued_requests", None))
+    ctx = ServerContext(engine, names, api_key=getattr(args, "api_key", None))
+    url = f"http://{host}:{port}"
+    server: uvicorn.Server | None = None
+
+    def on_failed(message: str) -> None:
+        if server is not None:
+            server.should_exit = True
+
+    app = build_app(ctx, on_failed=on_failed, url=url)
+    config = uvicorn.Config(app, host=host, port=port, log_level=getattr(args, "uvicorn_log_level", "warning"),
+                            timeout_graceful_shutdown=getattr(args, "shutdown_timeout", 10.0),
+                            timeout_keep_alive=30)
+    server = uvicorn.Server(config)
+    log.info("listening on %s; loading model %s (dtype %s) - /health is 503 until it is ready",
+             url, engine_config.model or "(default)", engine_config.dtype)
+    server.run()
+    return 1 if engine.state == "failed" else 0
