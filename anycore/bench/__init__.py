@@ -1,0 +1,1 @@
+"""Benchmarks: serving (HTTP load against any OpenAI-compatible server), kernels, ..."""
