@@ -78,7 +78,7 @@ def make_op(op: str, impl: str, ext: ExtensionInfo | None = None) -> Callable:
     if impl == selection.TORCH_NATIVE:
         return getattr(torch_native, op)
     if impl == selection.REFERENCE:
-        return getattr(reference, op)
+        return getattr(reference, op, None) or getattr(torch_native, op)
     return native_op(op, impl, ext)
 
 
@@ -124,6 +124,15 @@ def _bind(op: str, idx: int) -> Callable:
                 return fallback(x)
             return native(x, idx)
         return silu_and_mul
+    if op == "linear":
+        # Native only where it measured faster than F.linear (oneDNN): one bf16 row (decode GEMV).
+        # Two or more rows, fp32, or odd layouts go to F.linear.
+        def linear(x, weight, bias=None):
+            if (x.dtype is torch.bfloat16 and weight.dtype is torch.bfloat16 and x.numel() == x.shape[-1]
+                    and weight.is_contiguous() and x.stride(-1) == 1):
+                return native(x, weight, bias, idx)
+            return fallback(x, weight, bias)
+        return linear
     if op == "paged_attention":
         def paged_attention(q, k_cache, v_cache, q_start_loc, seq_lens, slot_table, scale):
             if q.dtype not in _NATIVE_DTYPES or q.shape[-1] > 512:

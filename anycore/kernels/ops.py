@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from anycore.kernels import torch_native
 
-OP_NAMES = ("rms_norm", "add_rms_norm", "apply_rotary", "silu_and_mul", "paged_attention")
+OP_NAMES = ("rms_norm", "add_rms_norm", "apply_rotary", "silu_and_mul", "paged_attention", "linear")
 
 
 @dataclass(frozen=True)
@@ -24,6 +24,8 @@ class KernelOps:
     apply_rotary: Callable
     silu_and_mul: Callable
     paged_attention: Callable
+    # linear(x, weight, bias=None) with F.linear's semantics (native only for bf16 decode GEMV)
+    linear: Callable = torch_native.linear
     # op name -> human-readable implementation name (for logs and `anycore doctor`)
     choices: dict[str, str] = field(default_factory=dict)
     # op name -> why that implementation was chosen (see anycore.platform.selection)
@@ -38,5 +40,6 @@ def torch_native_ops() -> KernelOps:
         apply_rotary=torch_native.apply_rotary,
         silu_and_mul=torch_native.silu_and_mul,
         paged_attention=torch_native.paged_attention,
+        linear=torch_native.linear,
         choices={name: "torch-native" for name in OP_NAMES},
     )

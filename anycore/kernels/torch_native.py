@@ -11,7 +11,11 @@ import torch.nn.functional as F
 
 from anycore.kernels.reference import add_rms_norm, apply_rotary, rms_norm, silu_and_mul
 
-__all__ = ["rms_norm", "add_rms_norm", "apply_rotary", "silu_and_mul", "paged_attention"]
+__all__ = ["rms_norm", "add_rms_norm", "apply_rotary", "silu_and_mul", "paged_attention", "linear"]
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    return F.linear(x, weight, bias)
 
 
 def paged_attention(

@@ -19,10 +19,14 @@ from dataclasses import dataclass
 
 from anycore.platform.features import CpuFeatures
 
-OPS = ("rms_norm", "add_rms_norm", "apply_rotary", "silu_and_mul", "paged_attention")
+OPS = ("rms_norm", "add_rms_norm", "apply_rotary", "silu_and_mul", "paged_attention", "linear")
+# ops every architecture has a native variant of; `linear` is x86-only (see VARIANTS)
+CORE_OPS = OPS[:5]
 TORCH_NATIVE = "torch-native"
 REFERENCE = "reference"
 ENV_OVERRIDE = "ANYCORE_KERNELS"
+# `linear` (bf16 GEMV for one-token decode) exists only in the AVX-512 variants: measured faster
+# than torch's F.linear there for M=1 bf16 only; everywhere else torch-native (F.linear) replaces it.
 
 
 @dataclass(frozen=True)
@@ -41,11 +45,11 @@ _X86_AVX2 = ("-mavx2", "-mfma", "-mf16c")
 _X86_AVX512 = _X86_AVX2 + ("-mavx512f", "-mavx512bw", "-mavx512vl")
 
 VARIANTS: tuple[Variant, ...] = (
-    Variant("generic", "any", (), 0, "generic/generic.cpp", (), OPS,
+    Variant("generic", "any", (), 0, "generic/generic.cpp", (), CORE_OPS,
             "portable C++ at the architecture's baseline ISA"),
     # x86-64
-    Variant("avx2", "x86_64", ("avx2", "fma", "f16c"), 10, "x86/avx2.cpp", _X86_AVX2, OPS,
-            "portable kernels compiled for AVX2+FMA"),
+    Variant("avx2", "x86_64", ("avx2", "fma", "f16c"), 10, "x86/avx2.cpp", _X86_AVX2, CORE_OPS,
+            "AVX2+FMA intrinsics"),
     Variant("avx512", "x86_64", ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl"), 20,
             "x86/avx512.cpp", _X86_AVX512, OPS, "AVX-512 intrinsics, bf16 converted in software"),
     Variant("avx512_bf16", "x86_64",
@@ -55,7 +59,7 @@ VARIANTS: tuple[Variant, ...] = (
     Variant("amx", "x86_64", ("amx_tile", "amx_bf16", "amx_int8"), 40,
             note="reserved for bf16/int8 GEMM; none of the current ops uses AMX"),
     # aarch64
-    Variant("neon", "aarch64", ("asimd",), 10, "aarch64/neon.cpp", ("-march=armv8-a",), OPS,
+    Variant("neon", "aarch64", ("asimd",), 10, "aarch64/neon.cpp", ("-march=armv8-a",), CORE_OPS,
             "Advanced SIMD intrinsics"),
     Variant("dotprod", "aarch64", ("asimd", "asimddp"), 15,
             note="reserved for int8 GEMM (SDOT); -march=armv8.2-a+dotprod"),

@@ -167,6 +167,7 @@ const KernelTable kTable_sve = {
     {&rotary_sve<float>, &rotary_sve<bf16>},
     {&silu_and_mul_sve<float>, &silu_and_mul_sve<bf16>},
     {nullptr, nullptr},
+    {nullptr, nullptr},
 };
 
 }  // namespace anycore

@@ -97,12 +97,22 @@ struct VecNeon {
     return vmulq_f32(p, vreinterpretq_f32_s32(bits));
   }
   VecNeon exp() const { return {{exp4(v[0]), exp4(v[1]), exp4(v[2]), exp4(v[3])}}; }
+  VecNeon recip() const {
+    VecNeon r;
+    for (int i = 0; i < 4; ++i) {
+      float32x4_t e = vrecpeq_f32(v[i]);
+      e = vmulq_f32(e, vrecpsq_f32(v[i], e));
+      r.v[i] = vmulq_f32(e, vrecpsq_f32(v[i], e));
+    }
+    return r;
+  }
   VecNeon round_bf16() const {
     VecNeon r;
     for (int i = 0; i < 4; ++i) r.v[i] = vreinterpretq_f32_u32(vshlq_n_u32(bf16_bits(v[i]), 16));
     return r;
   }
   static float dot_bf16(const bf16*, const bf16*, int64_t) { return 0.0f; }
+  static void dot_rows_bf16(const bf16*, const bf16*, int64_t, int64_t, float*) {}
 };
 
 }  // namespace

@@ -36,6 +36,9 @@ using RotaryFn = void (*)(void* out, const void* x, int64_t x_stride, const floa
                           int64_t head_dim);
 using SiluMulFn = void (*)(void* out, const void* x, int64_t x_stride, int64_t rows, int64_t d);
 using AttnFn = void (*)(const AttnArgs& args);
+// out[m, n] = sum_k x[m, k] * w[n, k] (+ bias[n]); small M (decode), w row-major [N, K].
+using LinearFn = void (*)(void* out, const void* x, int64_t x_stride, const void* w, const void* bias,
+                          int64_t m, int64_t n, int64_t k);
 
 struct KernelTable {
   const char* name;
@@ -44,6 +47,7 @@ struct KernelTable {
   RotaryFn apply_rotary[2];
   SiluMulFn silu_and_mul[2];
   AttnFn paged_attention[2];  // null entries fall back to the generic variant
+  LinearFn linear[2];
 };
 
 // Attention scratch limits shared by the work splitter and the kernels.

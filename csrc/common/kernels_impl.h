@@ -149,7 +149,7 @@ void silu_and_mul_kernel(void* out_, const void* x_, int64_t xs, int64_t rows, i
       for (int64_t j = 0; j < d; j += V::W) {
         int64_t n = d - j;
         V a = load_any<V>(xr + j, n), b = load_any<V>(xr + d + j, n);
-        V act = round_if_bf16<V, T>(a / (one + (zero - a).exp()));
+        V act = round_if_bf16<V, T>(a * (one + (zero - a).exp()).recip());
         store_any(act * b, orow + j, n);
       }
     }
@@ -252,6 +252,42 @@ void attn_item(const AttnArgs& a, const int64_t* item, float* scratch) {
   }
 }
 
+// ---- small-M linear (GEMV) ---------------------------------------------------------------
+// Streams each weight row once per call; the M activation rows stay in L1. Four weight rows
+// at a time give four independent accumulator chains per activation row.
+template <typename V, typename T>
+void linear_kernel(void* out_, const void* x_, int64_t xs, const void* w_, const void* bias_, int64_t m,
+                   int64_t n, int64_t k) {
+  T* out = static_cast<T*>(out_);
+  const T* x = static_cast<const T*>(x_);
+  const T* w = static_cast<const T*>(w_);
+  const T* bias = static_cast<const T*>(bias_);
+  constexpr int64_t kRows = 4;
+  parallel_for((n + kRows - 1) / kRows, 1 + 8192 / (k > 0 ? k : 1), [&](int64_t b0, int64_t b1) {
+    for (int64_t blk = b0; blk < b1; ++blk) {
+      const int64_t n0 = blk * kRows, nr = n - n0 < kRows ? n - n0 : kRows;
+      for (int64_t i = 0; i < m; ++i) {
+        const T* xr = x + i * xs;
+        float res[kRows] = {};
+        if constexpr (V::kBf16Dot && kIsBf16<T>) {
+          V::dot_rows_bf16(xr, w + n0 * k, k, nr, res);
+        } else {
+          V acc[kRows] = {V::zero(), V::zero(), V::zero(), V::zero()};
+          for (int64_t j = 0; j < k; j += V::W) {
+            V xv = load_any<V>(xr + j, k - j);
+            for (int64_t r = 0; r < nr; ++r) acc[r] = V::fma(xv, load_any<V>(w + (n0 + r) * k + j, k - j), acc[r]);
+          }
+          for (int64_t r = 0; r < nr; ++r) res[r] = acc[r].sum();
+        }
+        for (int64_t r = 0; r < nr; ++r) {
+          float y = res[r] + (bias ? to_float(bias[n0 + r]) : 0.0f);
+          out[i * n + n0 + r] = from_float<T>(y);
+        }
+      }
+    }
+  });
+}
+
 template <typename V, typename T>
 void paged_attention_kernel(const AttnArgs& a) {
   const int64_t dpad = (a.head_dim + V::W - 1) / V::W * V::W;
@@ -281,5 +317,6 @@ void paged_attention_kernel(const AttnArgs& a) {
       {&rotary_kernel<V, float>, &rotary_kernel<V, bf16>},                                      \
       {&silu_and_mul_kernel<V, float>, &silu_and_mul_kernel<V, bf16>},                          \
       {&paged_attention_kernel<V, float>, &paged_attention_kernel<V, bf16>},                    \
+      {&linear_kernel<V, float>, &linear_kernel<V, bf16>},                                      \
   };                                                                                            \
   }

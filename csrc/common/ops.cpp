@@ -163,6 +163,29 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k, const at::T
   return out;
 }
 
+at::Tensor linear(const at::Tensor& x_in, const at::Tensor& w, const std::optional<at::Tensor>& bias,
+                  int64_t impl) {
+  const int dt = dtype_index(x_in);
+  at::Tensor x = as_rows(x_in);
+  TORCH_CHECK(w.dim() == 2 && w.is_contiguous() && w.scalar_type() == x.scalar_type() && w.size(1) == x.size(1),
+              "weight must be contiguous [out, in] of the input dtype");
+  const int64_t m = x.size(0), n = w.size(0), k = w.size(1);
+  const void* b = nullptr;
+  at::Tensor bc;
+  if (bias.has_value() && bias->defined()) {
+    bc = bias->to(x.scalar_type()).contiguous();
+    TORCH_CHECK(bc.numel() == n, "bias must be [out]");
+    b = bc.data_ptr();
+  }
+  at::Tensor out = at::empty({m, n}, x.options());
+  auto fn = table(impl).linear[dt];
+  TORCH_CHECK(fn != nullptr, "variant has no linear kernel");
+  fn(out.data_ptr(), x.data_ptr(), x.stride(0), w.data_ptr(), b, m, n, k);
+  std::vector<int64_t> shape(x_in.sizes().begin(), x_in.sizes().end());
+  shape.back() = n;
+  return out.view(shape);
+}
+
 std::vector<std::string> variants() {
   std::vector<std::string> names;
   for (const KernelTable* t : kTables) names.emplace_back(t->name);
@@ -178,6 +201,7 @@ TORCH_LIBRARY(anycore, m) {
         &add_rms_norm);
   m.def("apply_rotary(Tensor x, Tensor cos, Tensor sin, int head_dim, int impl) -> Tensor", &apply_rotary);
   m.def("silu_and_mul(Tensor x, int impl) -> Tensor", &silu_and_mul);
+  m.def("linear(Tensor x, Tensor weight, Tensor? bias, int impl) -> Tensor", &linear);
   m.def("paged_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor q_start_loc, Tensor seq_lens, "
         "Tensor slot_table, float scale, int impl) -> Tensor",
         &paged_attention);

@@ -105,12 +105,18 @@ struct VecGeneric {
     for (int i = 0; i < W; ++i) r.v[i] = exp_poly(v[i]);
     return r;
   }
+  VecGeneric recip() const {
+    VecGeneric r;
+    for (int i = 0; i < W; ++i) r.v[i] = 1.0f / v[i];
+    return r;
+  }
   VecGeneric round_bf16() const {
     VecGeneric r;
     for (int i = 0; i < W; ++i) r.v[i] = round_to_bf16(v[i]);
     return r;
   }
   static float dot_bf16(const bf16*, const bf16*, int64_t) { return 0.0f; }
+  static void dot_rows_bf16(const bf16*, const bf16*, int64_t, int64_t, float*) {}
 };
 
 }  // namespace

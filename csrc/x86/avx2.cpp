@@ -1,5 +1,5 @@
-// The portable kernels compiled with -mavx2 -mfma -mf16c (see platform/selection.py).
-#include "../common/vec_generic.h"
+// AVX2 + FMA + F16C variant (Haswell and later, Zen); see platform/selection.py.
+#include "vec_avx2.h"
 #include "../common/kernels_impl.h"
 
-ANYCORE_DEFINE_TABLE(avx2, VecGeneric)
+ANYCORE_DEFINE_TABLE(avx2, VecAvx2)

@@ -90,6 +90,10 @@ struct VecAvx512 {
     p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
     return {_mm512_scalef_ps(p, n)};
   }
+  VecAvx512 recip() const {
+    __m512 r = _mm512_rcp14_ps(v);
+    return {_mm512_mul_ps(r, _mm512_fnmadd_ps(v, r, _mm512_set1_ps(2.0f)))};
+  }
   VecAvx512 round_bf16() const {
 #ifdef ANYCORE_AVX512_BF16
     __m512i h = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(v));
@@ -98,10 +102,32 @@ struct VecAvx512 {
 #endif
     return {_mm512_castsi512_ps(_mm512_slli_epi32(h, 16))};
   }
+  // res[r] = dot(x, w + r * k) for r < nr <= 4: x is loaded once per 32 elements for all rows
+  static void dot_rows_bf16(const bf16* x, const bf16* w, int64_t k, int64_t nr, float* res) {
+#ifdef ANYCORE_AVX512_BF16
+    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+    for (int64_t i = 0; i < k; i += 32) {
+      __mmask32 m = k - i >= 32 ? ~__mmask32{0} : static_cast<__mmask32>((1ull << (k - i)) - 1ull);
+      __m512bh xv = (__m512bh)_mm512_maskz_loadu_epi16(m, x + i);
+      for (int64_t r = 0; r < nr; ++r)
+        acc[r] = _mm512_dpbf16_ps(acc[r], xv, (__m512bh)_mm512_maskz_loadu_epi16(m, w + r * k + i));
+    }
+    for (int64_t r = 0; r < nr; ++r) res[r] = _mm512_reduce_add_ps(acc[r]);
+#else
+    for (int64_t r = 0; r < nr; ++r) res[r] = dot_bf16(x, w + r * k, k);
+#endif
+  }
   static float dot_bf16(const bf16* a, const bf16* b, int64_t n) {
 #ifdef ANYCORE_AVX512_BF16
-    __m512 acc = _mm512_setzero_ps();
+    __m512 acc = _mm512_setzero_ps(), acc2 = _mm512_setzero_ps();
     int64_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+      __m512i x = _mm512_loadu_si512(a + i), y = _mm512_loadu_si512(b + i);
+      __m512i x2 = _mm512_loadu_si512(a + i + 32), y2 = _mm512_loadu_si512(b + i + 32);
+      acc = _mm512_dpbf16_ps(acc, (__m512bh)x, (__m512bh)y);
+      acc2 = _mm512_dpbf16_ps(acc2, (__m512bh)x2, (__m512bh)y2);
+    }
+    acc = _mm512_add_ps(acc, acc2);
     for (; i + 32 <= n; i += 32) {
       __m512i x = _mm512_loadu_si512(a + i), y = _mm512_loadu_si512(b + i);
       acc = _mm512_dpbf16_ps(acc, (__m512bh)x, (__m512bh)y);

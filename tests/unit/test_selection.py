@@ -30,14 +30,14 @@ def _expect(op_impl: str, **per_op: str) -> dict[str, str]:
 @pytest.mark.parametrize(
     "features, available, expected",
     [
-        (X86_AVX2, ALL_X86, _expect("avx2")),
+        (X86_AVX2, ALL_X86, _expect("avx2", linear="torch-native")),
         (X86_AVX512, ALL_X86, _expect("avx512")),
         (X86_AVX512_BF16, ALL_X86, _expect("avx512_bf16")),
         (X86_AMX, ALL_X86, _expect("avx512_bf16")),
-        (ARM_NEON, ALL_ARM, _expect("neon")),
-        (ARM_DOTPROD, ALL_ARM, _expect("neon")),
-        (ARM_SVE_I8MM, ALL_ARM, _expect("sve", paged_attention="neon")),
-        (RISCV, ("generic",), _expect("generic")),
+        (ARM_NEON, ALL_ARM, _expect("neon", linear="torch-native")),
+        (ARM_DOTPROD, ALL_ARM, _expect("neon", linear="torch-native")),
+        (ARM_SVE_I8MM, ALL_ARM, _expect("sve", paged_attention="neon", linear="torch-native")),
+        (RISCV, ("generic",), _expect("generic", linear="torch-native")),
         (X86_AVX512, None, _expect("torch-native")),
         (ARM_SVE_I8MM, None, _expect("torch-native")),
     ],
@@ -75,6 +75,12 @@ def test_variant_missing_from_build_warns_and_falls_back():
     s = sel.select(ARM_SVE_I8MM, ("generic", "neon"))
     assert s.impl("rms_norm") == "neon"
     assert any("sve usable on this CPU but the extension was built without it" in w for w in s.warnings)
+
+
+def test_x86_only_op_is_replaced_elsewhere():
+    s = sel.select(ARM_SVE_I8MM, ALL_ARM)
+    reason = next(c.reason for c in s.choices if c.op == "linear")
+    assert s.impl("linear") == "torch-native" and "no native variant of linear on aarch64" in reason
 
 
 def test_variant_table_is_consistent():

@@ -1,0 +1,47 @@
+"""The native small-M linear (x86 AVX-512 only) against F.linear, raw op and dispatch routing."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from anycore.kernels.build import load_extension
+from anycore.kernels.dispatch import make_op
+
+OP = "linear"
+
+
+def _raw(impl):
+    if impl == "torch-native":
+        return lambda x, w, b: F.linear(x, w, b)
+    idx = load_extension().variants.index(impl)
+    return lambda x, w, b: torch.ops.anycore.linear(x, w, b, idx)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("m, k, n", [(1, 64, 7), (1, 100, 33), (3, 4100, 17), (5, 2048, 64)])
+@pytest.mark.parametrize("with_bias", [False, True], ids=["nobias", "bias"])
+def test_linear_raw(impl, dtype, m, k, n, with_bias):
+    x = torch.randn(m, k, dtype=dtype)
+    w = torch.randn(n, k, dtype=dtype) / k**0.5
+    b = torch.randn(n, dtype=dtype) if with_bias else None
+    ref = F.linear(x.float(), w.float(), None if b is None else b.float())
+    out = _raw(impl)(x, w, b)
+    assert out.dtype == dtype and out.shape == (m, n)
+    tol = {"rtol": 1e-5, "atol": 1e-4} if dtype == torch.float32 else {"rtol": 1.6e-2, "atol": 2e-2}
+    torch.testing.assert_close(out.float(), ref, **tol)
+
+
+def test_linear_dispatch_routes(kernel):
+    w = torch.randn(48, 96, dtype=torch.bfloat16)
+    for x in (torch.randn(1, 96, dtype=torch.bfloat16), torch.randn(4, 96, dtype=torch.bfloat16),
+              torch.randn(1, 1, 96, dtype=torch.bfloat16), torch.randn(2, 96)):
+        ww = w if x.dtype == torch.bfloat16 else w.float()
+        out = kernel(x, ww)
+        assert out.shape == x.shape[:-1] + (48,)
+        torch.testing.assert_close(out.float(), F.linear(x.float(), ww.float()), rtol=1.6e-2, atol=2e-2)
+
+
+def test_op_table_has_linear():
+    assert make_op(OP, "torch-native") is not None
