@@ -6,7 +6,6 @@ interleaved-pair RoPE layout; we undo that so every model runs the HF rotate-hal
 
 from __future__ import annotations
 
-import hashlib
 import re
 from pathlib import Path
 from typing import Any
@@ -132,8 +131,7 @@ def open_gguf(path: Path) -> ModelSource:
             arr = _unpermute(arr, config.num_kv_heads)
         return torch.from_numpy(np.array(arr, dtype=np.float32, copy=True)).to(dtype)
 
-    cache_key = hashlib.sha256(f"{path.resolve()}:{path.stat().st_size}:{path.stat().st_mtime_ns}".encode()).hexdigest()[:16]
-    tokenizer = load_gguf_tokenizer(path, cache_key)
+    tokenizer = load_gguf_tokenizer(path)
     return ModelSource(
         path=path,
         format="gguf",

@@ -6,6 +6,7 @@ tokenizer is saved under ``$ANYCORE_CACHE_DIR`` (default ``~/.cache/anycore``) k
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 from pathlib import Path
@@ -22,10 +23,12 @@ def load_hf_tokenizer(folder: Path) -> Any:
     return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
 
 
-def load_gguf_tokenizer(path: Path, cache_key: str) -> Any:
+def load_gguf_tokenizer(path: Path) -> Any:
     from transformers import AutoTokenizer
 
-    cached = cache_dir() / "tokenizers" / cache_key
+    stat = path.stat()
+    key = hashlib.sha256(f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    cached = cache_dir() / "tokenizers" / key
     if (cached / "tokenizer_config.json").is_file():
         try:
             return AutoTokenizer.from_pretrained(str(cached), local_files_only=True)

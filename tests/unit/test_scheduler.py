@@ -1,0 +1,184 @@
+"""Scheduler without a model: token budget, chunked prefill, prefix reuse, preemption."""
+
+from __future__ import annotations
+
+from anycore.cache.manager import KVCacheManager
+from anycore.sampling_params import SamplingParams
+from anycore.scheduler.request import Request
+from anycore.scheduler.scheduler import Scheduler
+
+
+def req(rid: str, n_prompt: int, max_tokens: int = 4, base: int = 0) -> Request:
+    return Request(rid, [base + i for i in range(n_prompt)], SamplingParams(max_tokens=max_tokens, temperature=0))
+
+
+def run_step(s: Scheduler, token: int = 7):
+    out = s.schedule()
+    sampled = {x.request.request_id: token for x in out.scheduled if x.sample}
+    s.update(out, sampled)
+    return out
+
+
+def check_slots(s: Scheduler) -> None:
+    """Every slot is free, in the tree, or owned by exactly one running request."""
+    kv = s.kv
+    owned = []
+    for r in s.running:
+        assert len(set(r.slots)) == len(r.slots)
+        owned += r.slots
+    tree = set(kv.radix.all_slots()) if kv.radix else set()
+    private = [x for x in owned if x not in tree]
+    assert len(private) == len(set(private))
+    assert kv.allocator.num_free + len(tree) + len(set(private)) == kv.num_slots
+    if kv.radix:
+        kv.radix.check_integrity()
+
+
+def test_budget_and_chunked_prefill():
+    s = Scheduler(KVCacheManager(1000), max_num_batched_tokens=8, max_num_seqs=8)
+    s.add(req("a", 20))
+    out = s.schedule()
+    assert [(x.start, x.num_new_tokens, x.sample) for x in out.scheduled] == [(0, 8, False)]
+    s.update(out, {})
+    out = run_step(s)
+    assert [(x.start, x.num_new_tokens) for x in out.scheduled] == [(8, 8)]
+    out = run_step(s)
+    assert [(x.start, x.num_new_tokens, x.sample) for x in out.scheduled] == [(16, 4, True)]
+    assert s.running[0].output_token_ids == [7]
+    check_slots(s)
+
+
+def test_new_requests_join_running_ones_each_step():
+    s = Scheduler(KVCacheManager(1000), max_num_batched_tokens=16, max_num_seqs=8)
+    s.add(req("a", 4, max_tokens=10))
+    run_step(s)
+    s.add(req("b", 30, base=100))
+    out = run_step(s)
+    # a decodes (1 token) and b's prefill takes the rest of the budget
+    assert [(x.request.request_id, x.num_new_tokens) for x in out.scheduled] == [("a", 1), ("b", 15)]
+    check_slots(s)
+
+
+def test_max_num_seqs_limits_admission():
+    s = Scheduler(KVCacheManager(1000), max_num_batched_tokens=100, max_num_seqs=2)
+    for i in range(3):
+        s.add(req(f"r{i}", 4, base=10 * i))
+    out = s.schedule()
+    assert len(out.scheduled) == 2 and len(s.waiting) == 1
+
+
+def test_requests_finish_and_release_kv():
+    kv = KVCacheManager(100)
+    s = Scheduler(kv, max_num_batched_tokens=64, max_num_seqs=8)
+    s.add(req("a", 5, max_tokens=3))
+    for _ in range(3):
+        run_step(s)
+    assert not s.has_unfinished()
+    assert kv.radix.protected_size == 0
+    assert kv.num_used == kv.radix.total_size  # computed tokens stay cached, nothing leaked
+    check_slots(s)
+
+
+def test_prefix_hit_skips_computed_tokens():
+    kv = KVCacheManager(200)
+    s = Scheduler(kv, max_num_batched_tokens=64, max_num_seqs=8)
+    s.add(req("a", 20, max_tokens=1))
+    run_step(s)
+    b = req("b", 20, max_tokens=1)
+    b.prompt_token_ids = b.all_token_ids = list(range(16)) + [99, 98, 97, 96]
+    s.add(b)
+    out = s.schedule()
+    assert out.scheduled[0].start == 16 and out.scheduled[0].num_new_tokens == 4
+    assert b.num_cached_tokens == 16
+
+
+def test_identical_prompt_leaves_one_token_to_compute():
+    kv = KVCacheManager(200)
+    s = Scheduler(kv, max_num_batched_tokens=64, max_num_seqs=8)
+    s.add(req("a", 10, max_tokens=1))
+    run_step(s)
+    s.add(req("b", 10, max_tokens=1))
+    out = s.schedule()
+    assert (out.scheduled[0].start, out.scheduled[0].num_new_tokens) == (9, 1)
+
+
+def test_concurrent_requests_share_published_prefix():
+    kv = KVCacheManager(500)
+    s = Scheduler(kv, max_num_batched_tokens=32, max_num_seqs=8)
+    s.add(req("a", 40, max_tokens=5))
+    run_step(s)  # a: 32 of 40 prompt tokens
+    run_step(s)  # a: prompt done and published to the tree
+    s.add(req("b", 40, max_tokens=5))
+    out = s.schedule()
+    b = [x for x in out.scheduled if x.request.request_id == "b"][0]
+    assert b.start == 39
+    check_slots(s)
+
+
+def test_preemption_when_pool_exhausted_then_recompute():
+    kv = KVCacheManager(24, enable_prefix_caching=False)
+    s = Scheduler(kv, max_num_batched_tokens=64, max_num_seqs=8)
+    s.add(req("a", 10, max_tokens=8))
+    s.add(req("b", 10, max_tokens=8, base=50))
+    run_step(s)  # both prefilled: 20 slots used
+    preempted = []
+    for _ in range(40):
+        out = run_step(s)
+        preempted += [r.request_id for r in out.preempted]
+        check_slots(s)
+        if not s.has_unfinished():
+            break
+    assert preempted[0] == "b"  # the later request yields
+    assert not s.has_unfinished()
+    assert kv.allocator.num_free == 24
+    assert s.num_preemptions >= 1
+
+
+def test_preemption_keeps_outputs_and_prefix_cache():
+    kv = KVCacheManager(30)
+    s = Scheduler(kv, max_num_batched_tokens=64, max_num_seqs=8)
+    a, b = req("a", 12, max_tokens=10), req("b", 12, max_tokens=10, base=50)
+    s.add(a)
+    s.add(b)
+    for _ in range(60):
+        run_step(s)
+        check_slots(s)
+        if not s.has_unfinished():
+            break
+    assert a.output_token_ids == [7] * 10 and b.output_token_ids == [7] * 10
+    assert kv.radix.protected_size == 0
+
+
+def test_lpm_policy_admits_longest_prefix_first():
+    kv = KVCacheManager(500)
+    s = Scheduler(kv, max_num_batched_tokens=64, max_num_seqs=1, policy="lpm")
+    s.add(req("warm", 30, max_tokens=1))
+    run_step(s)
+    s.add(req("cold", 30, max_tokens=1, base=1000))
+    s.add(req("hot", 30, max_tokens=1))
+    out = s.schedule()
+    assert out.scheduled[0].request.request_id == "hot"
+
+
+def test_request_too_large_for_pool_is_rejected():
+    s = Scheduler(KVCacheManager(10), max_num_batched_tokens=64, max_num_seqs=8)
+    try:
+        s.add(req("big", 11))
+    except ValueError as e:
+        assert "KV slots" in str(e)
+    else:
+        raise AssertionError("expected ValueError")
+
+
+def test_abort_waiting_and_running():
+    kv = KVCacheManager(100)
+    s = Scheduler(kv, max_num_batched_tokens=8, max_num_seqs=8)
+    a, b = req("a", 20), req("b", 5, base=40)
+    s.add(a)
+    s.add(b)
+    run_step(s)  # a takes the whole budget; b waits
+    s.finish(a, "abort")
+    s.finish(b, "abort")
+    assert not s.has_unfinished()
+    assert kv.allocator.num_free + kv.radix.total_size == 100
+    assert kv.radix.protected_size == 0
