@@ -125,7 +125,7 @@ def _variants(target: BuildTarget, only: tuple[str, ...] | None) -> tuple[Varian
 def _source_hash(target: BuildTarget, variants: tuple[Variant, ...]) -> str:
     h = hashlib.sha256()
     h.update(json.dumps([_BUILD_FORMAT, target.arch, target.torch_version, target.cxx11_abi,
-                         _COMMON_FLAGS, [dataclasses.astuple(v) for v in variants]]).encode())
+                         _COMMON_FLAGS, [(v.name, v.source, v.cflags) for v in variants]]).encode())
     subdirs = ["common", "generic", {"x86_64": "x86", "aarch64": "aarch64"}.get(target.arch, "generic")]
     for sub in subdirs:
         for f in sorted(glob.glob(str(CSRC / sub / "*"))):

@@ -24,6 +24,12 @@ struct AttnArgs {
   int64_t num_items;
   int64_t num_heads, num_kv_heads, head_dim;
   float scale;
+  // Split-K ("flash decoding") when there are too few items for the threads: each item's keys
+  // are cut into num_splits ranges whose partial softmax states go to `partial` (per unit:
+  // rows_per_item * (head_dim + 2) floats), then merged. num_splits == 1: no workspace.
+  int64_t num_splits;
+  int64_t rows_per_item;  // max rows of an item (GQA group * queries per item)
+  float* partial;
 };
 
 using RmsNormFn = void (*)(void* out, const void* x, int64_t x_stride, const void* w, int64_t rows,

@@ -5,6 +5,7 @@
 // Numerics follow anycore/kernels/reference.py: math in fp32, and for bf16 the same
 // intermediate roundings the reference's torch ops perform (so results match to ~1 ulp).
 #pragma once
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -173,7 +174,7 @@ inline float dot_qk(const float* qf, const T* qraw, const T* k, int64_t d) {
 }
 
 template <typename V, typename T>
-void attn_item(const AttnArgs& a, const int64_t* item, float* scratch) {
+void attn_item(const AttnArgs& a, const int64_t* item, int64_t split, float* scratch) {
   const int64_t req = item[0], kvh = item[1], q0 = item[2], q1 = item[3];
   const int64_t D = a.head_dim, group = a.num_heads / a.num_kv_heads;
   const int64_t rows = (q1 - q0) * group;
@@ -202,10 +203,16 @@ void attn_item(const AttnArgs& a, const int64_t* item, float* scratch) {
     l[r] = 0.0f;
     pos[r] = first_pos + qi;
   }
-  const int64_t kv_end = first_pos + q1;
+  int64_t kv_begin = 0, kv_end = first_pos + q1;
+  if (a.num_splits > 1) {  // this unit's share of the keys, in whole key blocks
+    const int64_t blocks = (kv_end + kKeyBlock - 1) / kKeyBlock;
+    const int64_t per = (blocks + a.num_splits - 1) / a.num_splits;
+    kv_begin = split * per * kKeyBlock;
+    kv_end = std::min(kv_end, (split + 1) * per * kKeyBlock);
+  }
   const T* kp[kKeyBlock];
   const T* vp[kKeyBlock];
-  for (int64_t kb = 0; kb < kv_end; kb += kKeyBlock) {
+  for (int64_t kb = kv_begin; kb < kv_end; kb += kKeyBlock) {
     const int64_t bn = kv_end - kb < kKeyBlock ? kv_end - kb : kKeyBlock;
     for (int64_t b = 0; b < bn; ++b) {
       int64_t slot = slots[kb + b];
@@ -243,6 +250,15 @@ void attn_item(const AttnArgs& a, const int64_t* item, float* scratch) {
         s.store(ar + d);
       }
     }
+  }
+  if (a.num_splits > 1) {  // unnormalised state for attn_merge: acc [rows, D], then m, l
+    float* dst = a.partial + ((item - a.items) / 4 * a.num_splits + split) * a.rows_per_item * (D + 2);
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t d = 0; d < D; ++d) dst[r * (D + 2) + d] = acc[r * dpad + d];
+      dst[r * (D + 2) + D] = m[r];
+      dst[r * (D + 2) + D + 1] = l[r];
+    }
+    return;
   }
   for (int64_t r = 0; r < rows; ++r) {
     int64_t qi = q0 + r / group, h = kvh * group + r % group;
@@ -288,18 +304,50 @@ void linear_kernel(void* out_, const void* x_, int64_t xs, const void* w_, const
   });
 }
 
+// Combines the num_splits partial states of one item: rescale each by exp(m_s - max m).
+template <typename V, typename T>
+void attn_merge(const AttnArgs& a, int64_t it) {
+  const int64_t* item = a.items + 4 * it;
+  const int64_t kvh = item[1], q0 = item[2], q1 = item[3], D = a.head_dim;
+  const int64_t group = a.num_heads / a.num_kv_heads, rows = (q1 - q0) * group;
+  const int64_t qbase = a.q_start[item[0]], stride = a.rows_per_item * (D + 2);
+  const float* src = a.partial + it * a.num_splits * stride;
+  T* out = static_cast<T*>(a.out);
+  float acc[kMaxHeadDim];
+  for (int64_t r = 0; r < rows; ++r) {
+    float mx = -INFINITY, l = 0.0f;
+    for (int64_t s = 0; s < a.num_splits; ++s) mx = std::max(mx, src[s * stride + r * (D + 2) + D]);
+    for (int64_t d = 0; d < D; ++d) acc[d] = 0.0f;
+    for (int64_t s = 0; s < a.num_splits; ++s) {
+      const float* p = src + s * stride + r * (D + 2);
+      if (p[D + 1] <= 0.0f) continue;  // a split with no visible keys
+      const float w = std::exp(p[D] - mx);
+      l += p[D + 1] * w;
+      for (int64_t d = 0; d < D; ++d) acc[d] += p[d] * w;
+    }
+    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    T* o = out + ((qbase + q0 + r / group) * a.num_heads + kvh * group + r % group) * D;
+    for (int64_t d = 0; d < D; ++d) o[d] = from_float<T>(acc[d] * inv);
+  }
+}
+
 template <typename V, typename T>
 void paged_attention_kernel(const AttnArgs& a) {
   const int64_t dpad = (a.head_dim + V::W - 1) / V::W * V::W;
   const int64_t scratch_floats = 2 * kMaxAttnRows * dpad + kKeyBlock + V::W;
-  const int nt = omp_in_parallel() ? 1 : static_cast<int>(a.num_items < omp_get_max_threads()
-                                                             ? a.num_items : omp_get_max_threads());
+  const int64_t splits = a.num_splits > 1 ? a.num_splits : 1, units = a.num_items * splits;
+  const int64_t max_threads = omp_in_parallel() ? 1 : omp_get_max_threads();
+  const int nt = static_cast<int>(units < max_threads ? units : max_threads);
 #pragma omp parallel num_threads(nt > 0 ? nt : 1)
   {
     float* scratch = static_cast<float*>(std::malloc(sizeof(float) * scratch_floats));
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t i = 0; i < a.num_items; ++i) attn_item<V, T>(a, a.items + 4 * i, scratch);
+    for (int64_t u = 0; u < units; ++u) attn_item<V, T>(a, a.items + 4 * (u / splits), u % splits, scratch);
     std::free(scratch);
+    if (splits > 1) {
+#pragma omp for schedule(static)
+      for (int64_t i = 0; i < a.num_items; ++i) attn_merge<V, T>(a, i);
+    }
   }
 }
 

@@ -114,7 +114,7 @@ at::Tensor silu_and_mul(const at::Tensor& x_in, int64_t impl) {
 
 at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                            const at::Tensor& q_start_loc, const at::Tensor& seq_lens,
-                           const at::Tensor& slot_table, double scale, int64_t impl) {
+                           const at::Tensor& slot_table, double scale, int64_t impl, int64_t splits) {
   const int dt = dtype_index(q);
   TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3, "q, k_cache, v_cache must be 3-D");
   TORCH_CHECK(k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type(),
@@ -142,8 +142,26 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k, const at::T
       for (int64_t h = 0; h < KV; ++h) items.insert(items.end(), {b, h, q0, std::min(n, q0 + per_item)});
     }
   }
+  // Split-K for decode-only batches with too few (request, kv head) items to fill the threads
+  // and long enough contexts (>= 4 key blocks per split); `splits` > 0 forces a count (tests).
+  const int64_t num_items = static_cast<int64_t>(items.size() / 4);
+  int64_t max_len = 0, max_q = 0;
+  for (int64_t b = 0; b < batch; ++b) max_len = std::max(max_len, ln[b]), max_q = std::max(max_q, st[b + 1] - st[b]);
+  if (splits <= 0) {
+    const int64_t threads = at::get_num_threads();
+    splits = 1;
+    if (max_q == 1 && num_items > 0 && num_items < threads)
+      splits = std::min((2 * threads + num_items - 1) / num_items, max_len / (4 * kKeyBlock));
+  }
+  splits = std::max<int64_t>(1, splits);
+  const int64_t rows_per_item = std::min(max_q, per_item) * group;
+  at::Tensor partial;
+  if (splits > 1) partial = at::empty({num_items * splits * rows_per_item * (D + 2)}, q.options().dtype(at::kFloat));
   at::Tensor out = at::empty({T, H, D}, q.options());
   AttnArgs a{};
+  a.num_splits = splits;
+  a.rows_per_item = rows_per_item;
+  a.partial = splits > 1 ? partial.data_ptr<float>() : nullptr;
   a.out = out.data_ptr();
   a.q = q.data_ptr();
   a.k = k.data_ptr();
@@ -203,7 +221,7 @@ TORCH_LIBRARY(anycore, m) {
   m.def("silu_and_mul(Tensor x, int impl) -> Tensor", &silu_and_mul);
   m.def("linear(Tensor x, Tensor weight, Tensor? bias, int impl) -> Tensor", &linear);
   m.def("paged_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor q_start_loc, Tensor seq_lens, "
-        "Tensor slot_table, float scale, int impl) -> Tensor",
+        "Tensor slot_table, float scale, int impl, int splits=0) -> Tensor",
         &paged_attention);
 }
 
