@@ -1,0 +1,56 @@
+"""Extension build plumbing: a failed build degrades to torch-native with a warning, never a crash."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from anycore.kernels import build, dispatch
+from anycore.kernels.build import ExtensionInfo
+from anycore.platform.features import detect
+
+
+def test_hash_covers_flags_and_arch():
+    t = build.native_target()
+    vs = build._variants(t, None)
+    assert vs[0].name == "generic"
+    h = build._source_hash(t, vs)
+    assert h == build._source_hash(t, vs)
+    assert h != build._source_hash(dataclasses.replace(t, arch="aarch64"), vs)
+    assert h != build._source_hash(dataclasses.replace(t, torch_version="0.0"), vs)
+
+
+def test_wrong_compiler_is_refused(tmp_path):
+    t = dataclasses.replace(build.native_target(), cxx="/nonexistent/c++")
+    with pytest.raises(RuntimeError, match="no C\\+\\+ compiler"):
+        build.build(t, tmp_path)
+    t = dataclasses.replace(build.native_target(), arch="aarch64" if detect().arch != "aarch64" else "x86_64")
+    with pytest.raises(RuntimeError, match="targets"):
+        build.build(t, tmp_path)
+
+
+def test_load_failure_is_a_warning(monkeypatch):
+    def boom():
+        raise RuntimeError("compiler exploded")
+
+    monkeypatch.setattr(build, "_load", boom)
+    with pytest.warns(RuntimeWarning, match="compiler exploded"):
+        info = build.load_extension.__wrapped__()
+    assert not info.available and "compiler exploded" in info.error
+
+
+@pytest.mark.arm64
+def test_no_extension_means_torch_native_everywhere():
+    ext = ExtensionInfo(available=False, error="simulated")
+    ops = dispatch.select_ops(overrides="", extension=ext)
+    assert set(ops.choices.values()) == {"torch-native"}
+    assert all("simulated" in r or "no native variant" in r or "lacks" in r for r in ops.reasons.values())
+    x, w = torch.randn(3, 64), torch.randn(64)
+    torch.testing.assert_close(ops.rms_norm(x, w, 1e-6), dispatch.reference.rms_norm(x, w, 1e-6))
+
+
+def test_forcing_a_missing_variant_raises_not_sigill():
+    with pytest.raises((RuntimeError, ValueError)):
+        dispatch.native_op("rms_norm", "sve" if detect().arch != "aarch64" else "avx512")
