@@ -69,7 +69,7 @@ def _doctor(args: argparse.Namespace) -> int:
 def _bench(args: argparse.Namespace) -> int:
     from anycore.bench.cli import run_bench
 
-    return run_bench(args, engine_config(args) if hasattr(args, "dtype") else None)
+    return run_bench(args, engine_config(args) if hasattr(args, "max_num_seqs") else None)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,39 @@
+"""`anycore bench <latency|throughput|serving|kernels>` argument wiring."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+
+from anycore.config import EngineConfig
+
+
+def add_bench_args(parser: argparse.ArgumentParser, add_engine_args: Callable[[argparse.ArgumentParser], None]) -> None:
+    sub = parser.add_subparsers(dest="bench", required=True)
+    for kind, defaults in (("latency", (512, 128)), ("throughput", (128, 128))):
+        p = sub.add_parser(kind, help=f"offline {kind} (engine in-process)")
+        add_engine_args(p)
+        p.add_argument("--bench-dtype", default="both", choices=["both", "bfloat16", "float32"],
+                       help="dtypes to measure (default both)")
+        p.add_argument("--input-len", type=int, default=defaults[0])
+        p.add_argument("--output-len", type=int, default=defaults[1])
+        p.add_argument("--num-prompts", type=int, default=16)
+        p.add_argument("--repeats", type=int, default=3)
+        p.add_argument("--json", default=None, help="also write the results to this JSON file")
+    from anycore.bench.serving import add_serving_args
+
+    serving = sub.add_parser("serving", help="load-test an OpenAI-compatible server (ours or any other)")
+    add_serving_args(serving)
+
+
+def run_bench(args: argparse.Namespace, config: EngineConfig | None) -> int:
+    if args.bench in ("latency", "throughput"):
+        from anycore.bench.offline import bench_offline
+
+        assert config is not None
+        return bench_offline(args.bench, args, config)
+    if args.bench == "serving":
+        from anycore.bench.serving import run_serving
+
+        return run_serving(args)
+    raise ValueError(f"unknown benchmark {args.bench!r}")
