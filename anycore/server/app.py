@@ -91,22 +91,55 @@ def run_server(args: argparse.Namespace, engine_config: EngineConfig) -> int:
 
     host = getattr(args, "host", "127.0.0.1")
     port = getattr(args, "port", 8000)
+    grace = getattr(args, "shutdown_timeout", 10.0)
     names = list(getattr(args, "served_model_name", None) or [])
     engine = AsyncEngine(engine_config, max_queued_requests=getattr(args, "max_queued_requests", None))
     ctx = ServerContext(engine, names, api_key=getattr(args, "api_key", None))
     url = f"http://{host}:{port}"
-    server: uvicorn.Server | None = None
+    server: Any = None
 
     def on_failed(message: str) -> None:
         if server is not None:
             server.should_exit = True
 
+    def on_first_signal() -> None:
+        # runs in the signal handler: only schedule work on the loop
+        loop = engine.loop
+        if loop is not None and not loop.is_closed():
+            log.info("shutdown requested: in-flight requests get %.0fs to finish", grace)
+            loop.call_soon_threadsafe(loop.call_later, grace, engine.abort_all, "the server is shutting down")
+
     app = build_app(ctx, on_failed=on_failed, url=url)
+
     config = uvicorn.Config(app, host=host, port=port, log_level=getattr(args, "uvicorn_log_level", "warning"),
-                            timeout_graceful_shutdown=getattr(args, "shutdown_timeout", 10.0),
+                            timeout_graceful_shutdown=grace + 10.0,  # backstop; abort_all normally ends streams
                             timeout_keep_alive=30)
-    server = uvicorn.Server(config)
+    server = _server_class()(config, on_first_signal)
     log.info("listening on %s; loading model %s (dtype %s) - /health is 503 until it is ready",
              url, engine_config.model or "(default)", engine_config.dtype)
     server.run()
     return 1 if engine.state == "failed" else 0
+
+
+def _server_class():
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """uvicorn.Server that exits 0 after a graceful stop and tells us when the first signal arrives."""
+
+        def __init__(self, config: uvicorn.Config, on_first_signal) -> None:
+            super().__init__(config)
+            self._on_first_signal = on_first_signal
+
+        def handle_exit(self, sig, frame) -> None:
+            first = not self.should_exit
+            super().handle_exit(sig, frame)
+            # uvicorn re-raises captured signals after shutting down (exit status -N); a graceful stop
+            # is a normal exit for service managers and tests, so do not
+            captured = getattr(self, "_captured_signals", None)
+            if isinstance(captured, list):
+                captured.clear()
+            if first:
+                self._on_first_signal()
+
+    return Server

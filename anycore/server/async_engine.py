@@ -138,6 +138,10 @@ class AsyncEngine:
         self.state = "stopped"
 
     @property
+    def loop(self) -> asyncio.AbstractEventLoop | None:
+        return self._loop
+
+    @property
     def is_ready(self) -> bool:
         return self.state == "ready"
 
@@ -167,6 +171,10 @@ class AsyncEngine:
 
     def abort(self, request_ids: list[str]) -> None:
         self._submit([("abort", rid) for rid in request_ids])
+
+    def abort_all(self, reason: str) -> None:
+        """Ends every in-flight request with an error (used when the shutdown grace period is over)."""
+        self._submit([("abort_all", reason)])
 
     @property
     def num_queued(self) -> int:
@@ -289,6 +297,8 @@ class AsyncEngine:
                 if arg in self._live:
                     self._live.discard(arg)
                     engine.abort(arg)
+            elif kind == "abort_all":
+                self._abort_all(arg)
         if failed:
             self._post(self._deliver, failed)
 
