@@ -17,6 +17,7 @@ from anycore.cache.manager import KVCacheManager
 from anycore.config import EngineConfig, parse_dtype
 from anycore.engine.detokenizer import IncrementalDetokenizer
 from anycore.engine.runner import KVPool, ModelRunner
+from anycore.kernels.dispatch import select_ops
 from anycore.loader import open_model_source
 from anycore.models import build_model
 from anycore.outputs import StepOutput
@@ -51,7 +52,7 @@ class Engine:
             max_len = num_slots
         self.max_model_len = max_len
 
-        self.ops = _select_ops(config)
+        self.ops = select_ops(overrides=config.kernels, threads=config.threads)
         weights = tqdm(source.weights(self.dtype), total=len(source.weight_names), desc="loading weights",
                        unit="tensor", disable=None, leave=False)
         self.model = build_model(mc, self.ops, self.dtype, weights, max_len)
@@ -161,13 +162,3 @@ class Engine:
 
     def output_text(self, request_id: str) -> str:
         return self._detok[request_id].text
-
-
-def _select_ops(config: EngineConfig):
-    try:
-        from anycore.kernels.dispatch import select_ops
-    except ImportError:  # dispatch layer not present: the portable table
-        from anycore.kernels.ops import torch_native_ops
-
-        return torch_native_ops()
-    return select_ops(overrides=config.kernels, threads=config.threads)

@@ -13,6 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from anycore.kernels.ops import KernelOps
+
 
 class LinearMethod(Protocol):
     name: str
@@ -23,13 +25,15 @@ class LinearMethod(Protocol):
 
 
 class UnquantizedLinearMethod:
+    """Dense weights in the run dtype; the multiply is the kernel table's ``linear``."""
+
     name = "dense"
 
     def process_weights_after_loading(self, layer: Linear) -> None:
         pass
 
     def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, layer.weight, layer.bias)
+        return layer.matmul(x, layer.weight, layer.bias)
 
 
 class Linear(nn.Module):
@@ -41,6 +45,7 @@ class Linear(nn.Module):
         out_sizes: int | list[int],
         bias: bool = False,
         dtype: torch.dtype = torch.float32,
+        ops: KernelOps | None = None,
         method: LinearMethod | None = None,
     ) -> None:
         super().__init__()
@@ -51,6 +56,7 @@ class Linear(nn.Module):
         self.bias = (
             nn.Parameter(torch.zeros(self.out_features, dtype=dtype), requires_grad=False) if bias else None
         )
+        self.matmul = ops.linear if ops is not None else F.linear
         self.method: LinearMethod = method or UnquantizedLinearMethod()
 
     def load(self, kind: str, tensor: torch.Tensor, shard: int = 0) -> None:

@@ -36,8 +36,8 @@ class Attention(nn.Module):
         d = cfg.head_dim
         self.q_size, self.kv_size = cfg.num_heads * d, cfg.num_kv_heads * d
         self.head_dim = d
-        self.qkv_proj = Linear(cfg.hidden_size, [self.q_size, self.kv_size, self.kv_size], cfg.attention_bias, dtype)
-        self.o_proj = Linear(self.q_size, cfg.hidden_size, False, dtype)
+        self.qkv_proj = Linear(cfg.hidden_size, [self.q_size, self.kv_size, self.kv_size], cfg.attention_bias, dtype, ops)
+        self.o_proj = Linear(self.q_size, cfg.hidden_size, False, dtype, ops)
         self.q_norm = RMSNorm(d, cfg.rms_norm_eps, ops, dtype) if cfg.qk_norm else None
         self.k_norm = RMSNorm(d, cfg.rms_norm_eps, ops, dtype) if cfg.qk_norm else None
         self.attn = PagedAttention(cfg.num_heads, cfg.num_kv_heads, d, layer_idx, ops)
@@ -57,8 +57,8 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig, ops: KernelOps, dtype: torch.dtype) -> None:
         super().__init__()
-        self.gate_up_proj = Linear(cfg.hidden_size, [cfg.intermediate_size] * 2, False, dtype)
-        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, False, dtype)
+        self.gate_up_proj = Linear(cfg.hidden_size, [cfg.intermediate_size] * 2, False, dtype, ops)
+        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, False, dtype, ops)
         self.ops = ops
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -93,7 +93,7 @@ class LlamaForCausalLM(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(cfg, i, ops, dtype) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops, dtype)
         self.lm_head = LogitsHead(
-            cfg.vocab_size, cfg.hidden_size, dtype, self.embed_tokens if cfg.tie_word_embeddings else None
+            cfg.vocab_size, cfg.hidden_size, dtype, self.embed_tokens if cfg.tie_word_embeddings else None, ops
         )
         self.rotary = RotaryTable(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, max_positions)
 
