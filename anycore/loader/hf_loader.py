@@ -10,6 +10,7 @@ import torch
 from anycore.config import ModelConfig
 from anycore.loader.source import ModelSource
 from anycore.loader.tokenizer import load_hf_tokenizer
+from anycore.models.registry import check_supported
 
 
 def open_hf_folder(folder: Path) -> ModelSource:
@@ -17,6 +18,7 @@ def open_hf_folder(folder: Path) -> ModelSource:
 
     hf = json.loads((folder / "config.json").read_text())
     config = ModelConfig.from_hf(hf)
+    check_supported(config.architecture)  # before touching weights or tokenizer
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"{folder} has config.json but no *.safetensors weights")

@@ -27,6 +27,15 @@ def supported_architectures() -> list[str]:
     return sorted(_REGISTRY)
 
 
+def check_supported(architecture: str) -> None:
+    """Raises a ValueError naming the architecture when no model class implements it."""
+    _import_models()
+    if architecture not in _REGISTRY:
+        raise ValueError(
+            f"unsupported architecture {architecture!r}; supported: {', '.join(supported_architectures())}"
+        )
+
+
 def _import_models() -> None:
     from anycore.models import llama  # noqa: F401  (registers on import)
 
@@ -38,13 +47,8 @@ def build_model(
     weights: Iterable[tuple[str, torch.Tensor]],
     max_positions: int,
 ) -> nn.Module:
-    _import_models()
-    cls = _REGISTRY.get(config.architecture)
-    if cls is None:
-        raise ValueError(
-            f"unsupported architecture {config.architecture!r}; supported: {', '.join(supported_architectures())}"
-        )
-    model = cls(config, ops, dtype, max_positions)
+    check_supported(config.architecture)
+    model = _REGISTRY[config.architecture](config, ops, dtype, max_positions)
     model.load_weights(weights)
     model.eval()
     return model
