@@ -220,7 +220,8 @@ else
     die "csrc/ has C++ sources but anycore/kernels/build.py offers no --cross entry point" \
       "the lane cross-compiles through 'python -m anycore.kernels.build --cross aarch64 ...'"
   fi
-  EXT_KEY="$(key_of "ext-v1" "$WHEELS" "$(aarch64-linux-gnu-g++ --version | head -1)" "$BUILD_PY" \
+  # The checkout path is part of the key: anycore.kernels.build hashes absolute source paths.
+  EXT_KEY="$(key_of "ext-v1" "$REPO" "$WHEELS" "$(aarch64-linux-gnu-g++ --version | head -1)" "$BUILD_PY" \
     "$REPO/anycore/platform/selection.py" "${CSRC_FILES[@]/#/$REPO/}")"
   EXT_DIR="$CACHE/ext-$EXT_KEY"
   if [[ -f "$EXT_DIR/.complete" ]]; then
