@@ -175,6 +175,7 @@ inline float dot_qk(const float* qf, const T* qraw, const T* k, int64_t d) {
 
 template <typename V, typename T>
 void attn_item(const AttnArgs& a, const int64_t* item, int64_t split, float* scratch) {
+  static_assert(kKeyBlock == 2 * V::W, "the blocked path handles a key block as two vectors");
   const int64_t req = item[0], kvh = item[1], q0 = item[2], q1 = item[3];
   const int64_t D = a.head_dim, group = a.num_heads / a.num_kv_heads;
   const int64_t rows = (q1 - q0) * group;
@@ -190,8 +191,14 @@ void attn_item(const AttnArgs& a, const int64_t* item, int64_t split, float* scr
 
   float* qf = scratch;                     // [rows, dpad]
   float* acc = qf + kMaxAttnRows * dpad;   // [rows, dpad]
-  float* p = acc + kMaxAttnRows * dpad;    // [kKeyBlock] probabilities of one row
-  float m[kMaxAttnRows], l[kMaxAttnRows];
+  float* sc = acc + kMaxAttnRows * dpad;   // [rows, kKeyBlock] scores, then probabilities
+  float* kt = sc + kMaxAttnRows * kKeyBlock;  // [dpad, kKeyBlock] K block transposed (fp32)
+  float* vb = kt + dpad * kKeyBlock;          // [kKeyBlock, dpad] V block (fp32)
+  // Many rows (prefill, big GQA groups): convert the K/V block to fp32 once and compute 16
+  // scores per FMA chain from K transposed (no horizontal sums). Few rows (decode): one dot
+  // product per (row, key) straight from the cache.
+  const bool blocked = rows >= 8;
+  float m[kMaxAttnRows], l[kMaxAttnRows], alpha[kMaxAttnRows];
   int64_t pos[kMaxAttnRows];
   const T* qrow[kMaxAttnRows];
   for (int64_t r = 0; r < rows; ++r) {
@@ -219,17 +226,59 @@ void attn_item(const AttnArgs& a, const int64_t* item, int64_t split, float* scr
       kp[b] = kc + slot * a.k_ss + kvh * a.k_sh;
       vp[b] = vc + slot * a.v_ss + kvh * a.v_sh;
     }
+    if (blocked) {
+      // a short last block: the score loop reads all kKeyBlock columns, so zero the unused ones
+      if (bn < kKeyBlock) std::fill(kt, kt + dpad * kKeyBlock, 0.0f);
+      for (int64_t b = 0; b < bn; ++b) {
+        for (int64_t d = 0; d < D; ++d) kt[d * kKeyBlock + b] = to_float(kp[b][d]);
+        for (int64_t d = 0; d < dpad; d += V::W) load_any<V>(vp[b] + d, D - d).store(vb + b * dpad + d);
+      }
+      // scores of two rows x kKeyBlock keys: four independent FMA chains share each K load
+      const V vscale = V::set1(a.scale);
+      for (int64_t r = 0; r < rows; r += 2) {
+        const int64_t r1 = r + 1 < rows ? r + 1 : r;
+        if (pos[r1] < kb) continue;  // pos is non-decreasing in r: both rows see nothing here
+        const float* qa = qf + r * dpad;
+        const float* qb = qf + r1 * dpad;
+        V a0 = V::zero(), a1 = V::zero(), b0 = V::zero(), b1 = V::zero();
+        for (int64_t d = 0; d < D; ++d) {
+          const V k0 = V::load(kt + d * kKeyBlock), k1 = V::load(kt + d * kKeyBlock + V::W);
+          const V x = V::set1(qa[d]), y = V::set1(qb[d]);
+          a0 = V::fma(x, k0, a0);
+          a1 = V::fma(x, k1, a1);
+          b0 = V::fma(y, k0, b0);
+          b1 = V::fma(y, k1, b1);
+        }
+        (a0 * vscale).store(sc + r * kKeyBlock);
+        (a1 * vscale).store(sc + r * kKeyBlock + V::W);
+        (b0 * vscale).store(sc + r1 * kKeyBlock);
+        (b1 * vscale).store(sc + r1 * kKeyBlock + V::W);
+      }
+    }
     for (int64_t r = 0; r < rows; ++r) {
+      float* p = sc + r * kKeyBlock;
       int64_t visible = pos[r] - kb + 1;  // causal: keys kb..pos[r]
-      if (visible <= 0) continue;
       if (visible > bn) visible = bn;
+      alpha[r] = 1.0f;
+      if (visible <= 0) {
+        if (blocked) std::fill(p, p + kKeyBlock, 0.0f);
+        continue;
+      }
       float mb = -INFINITY;
-      for (int64_t b = 0; b < visible; ++b) {
-        p[b] = dot_qk<V, T>(qf + r * dpad, qrow[r], kp[b], D) * a.scale;
+      int64_t b0 = 0;
+      if (blocked) {  // scores are there already: vector max over whole vectors, scalar tail
+        if (visible >= V::W) {
+          V vmax = V::load(p);
+          for (b0 = V::W; b0 + V::W <= visible; b0 += V::W) vmax = V::max(vmax, V::load(p + b0));
+          mb = vmax.hmax();
+        }
+      }
+      for (int64_t b = b0; b < visible; ++b) {
+        if (!blocked) p[b] = dot_qk<V, T>(qf + r * dpad, qrow[r], kp[b], D) * a.scale;
         mb = p[b] > mb ? p[b] : mb;
       }
       const float m_new = mb > m[r] ? mb : m[r];
-      const float alpha = std::exp(m[r] - m_new);
+      alpha[r] = std::exp(m[r] - m_new);
       const V vm = V::set1(m_new);
       V psum = V::zero();
       for (int64_t b = 0; b < visible; b += V::W) {
@@ -239,15 +288,45 @@ void attn_item(const AttnArgs& a, const int64_t* item, int64_t split, float* scr
         if (n < V::W) e = V::template load_n<float>(p + b, static_cast<int>(n));  // zero the tail
         psum = psum + e;
       }
-      l[r] = l[r] * alpha + psum.sum();
+      if (blocked) std::fill(p + visible, p + kKeyBlock, 0.0f);
+      l[r] = l[r] * alpha[r] + psum.sum();
       m[r] = m_new;
-      const V va = V::set1(alpha);
+      if (blocked) continue;
+      const V va = V::set1(alpha[r]);
       float* ar = acc + r * dpad;
       for (int64_t d = 0; d < D; d += V::W) {
-        int64_t n = D - d;
         V s = V::load(ar + d) * va;
-        for (int64_t b = 0; b < visible; ++b) s = V::fma(V::set1(p[b]), load_any<V>(vp[b] + d, n), s);
+        for (int64_t b = 0; b < visible; ++b) s = V::fma(V::set1(p[b]), load_any<V>(vp[b] + d, D - d), s);
         s.store(ar + d);
+      }
+    }
+    if (blocked) {
+      // acc = acc * alpha + P V for two rows at a time, even/odd keys in separate chains;
+      // masked keys have p == 0 and masked rows alpha == 1, so every row runs the same loop.
+      for (int64_t r = 0; r < rows; r += 2) {
+        const int64_t r1 = r + 1 < rows ? r + 1 : r;
+        if (pos[r1] < kb) continue;
+        const float* pa = sc + r * kKeyBlock;
+        const float* pb = sc + r1 * kKeyBlock;
+        for (int64_t d = 0; d < dpad; d += V::W) {
+          V xa = V::load(acc + r * dpad + d) * V::set1(alpha[r]), xa2 = V::zero();
+          V xb = V::load(acc + r1 * dpad + d) * V::set1(alpha[r1]), xb2 = V::zero();
+          int64_t b = 0;
+          for (; b + 1 < bn; b += 2) {
+            const V v0 = V::load(vb + b * dpad + d), v1 = V::load(vb + (b + 1) * dpad + d);
+            xa = V::fma(V::set1(pa[b]), v0, xa);
+            xb = V::fma(V::set1(pb[b]), v0, xb);
+            xa2 = V::fma(V::set1(pa[b + 1]), v1, xa2);
+            xb2 = V::fma(V::set1(pb[b + 1]), v1, xb2);
+          }
+          if (b < bn) {
+            const V v0 = V::load(vb + b * dpad + d);
+            xa = V::fma(V::set1(pa[b]), v0, xa);
+            xb = V::fma(V::set1(pb[b]), v0, xb);
+          }
+          (xb + xb2).store(acc + r1 * dpad + d);
+          (xa + xa2).store(acc + r * dpad + d);  // after r1's store: r1 == r on an odd last row
+        }
       }
     }
   }
@@ -334,7 +413,7 @@ void attn_merge(const AttnArgs& a, int64_t it) {
 template <typename V, typename T>
 void paged_attention_kernel(const AttnArgs& a) {
   const int64_t dpad = (a.head_dim + V::W - 1) / V::W * V::W;
-  const int64_t scratch_floats = 2 * kMaxAttnRows * dpad + kKeyBlock + V::W;
+  const int64_t scratch_floats = 2 * kMaxAttnRows * dpad + kMaxAttnRows * kKeyBlock + 2 * dpad * kKeyBlock + V::W;
   const int64_t splits = a.num_splits > 1 ? a.num_splits : 1, units = a.num_items * splits;
   const int64_t max_threads = omp_in_parallel() ? 1 : omp_get_max_threads();
   const int nt = static_cast<int>(units < max_threads ? units : max_threads);
