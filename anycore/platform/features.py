@@ -68,14 +68,16 @@ def detect() -> CpuFeatures:
     arch = normalize_arch(platform.machine())
     notes: list[str] = []
     info = _read("/proc/cpuinfo")
+    # Only this architecture's key: under QEMU user-mode /proc/cpuinfo is the *host's* file.
+    flag_key = {"x86_64": "flags", "aarch64": "features"}.get(arch, "flags")
     flags: set[str] = set()
     model = ""
     for line in info.splitlines():
         key, _, value = line.partition(":")
         key = key.strip().lower()
-        if key in ("flags", "features") and not flags:
+        if key == flag_key and not flags:
             flags.update(value.split())
-        elif key == "model name" and not model:
+        elif key == "model name" and not model and arch != "aarch64":
             model = value.strip()
     sve_bits = 0
     if arch == "aarch64":
@@ -83,7 +85,7 @@ def detect() -> CpuFeatures:
         if hw is None:
             notes.append("getauxval unavailable; using /proc/cpuinfo only")
         else:
-            flags |= hw
+            flags = hw  # the kernel's own answer; cpuinfo may be missing or foreign
         if "sve" in flags:
             sve_bits = _sve_vector_bits()
         if not model:
