@@ -51,6 +51,9 @@ def run_doctor(features: CpuFeatures | None = None, overrides: str | None = None
             f"extension {ext.path} ({how})",
             f"          compiler: {ext.compiler or 'unknown'}; arch {ext.arch}; variants: {', '.join(ext.variants)}",
         ]
+        for v in selection.buildable_variants(ext.arch):
+            if v.name in ext.variants:
+                lines.append(f"          {v.name:<12} {v.source:<22} {' '.join(v.cflags) or '(baseline ISA)'}")
     else:
         lines.append(f"extension unavailable: {ext.error}")
         warnings.append("C++ kernel extension unavailable: every op runs torch-native (slower)")

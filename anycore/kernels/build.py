@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import dataclasses
+import fcntl
 import glob
 import hashlib
 import json
@@ -248,9 +249,14 @@ def _load() -> ExtensionInfo:
     meta = _read_info(out_dir)
     cached = meta is not None and meta.get("hash") == digest
     if not cached:
-        log.info("building anycore kernel extension in %s", out_dir)
-        build(target, out_dir)
-        meta = _read_info(out_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        with open(out_dir / ".lock", "w") as lock:  # one builder per directory; others wait, then reuse
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            meta = _read_info(out_dir)
+            if meta is None or meta.get("hash") != digest:
+                log.info("building anycore kernel extension in %s", out_dir)
+                build(target, out_dir)
+                meta = _read_info(out_dir)
         assert meta is not None
     lib = str(out_dir / LIB_NAME)
     torch.ops.load_library(lib)
