@@ -72,6 +72,23 @@ def _bench(args: argparse.Namespace) -> int:
     return run_bench(args, engine_config(args) if hasattr(args, "max_num_seqs") else None)
 
 
+def _eval(args: argparse.Namespace) -> int:
+    import json
+
+    from anycore.engine.engine import Engine
+    from anycore.eval_perplexity import perplexity, tokenize_file
+
+    engine = Engine(engine_config(args))
+    ids = tokenize_file(engine, args.dataset, args.max_tokens)
+    r = perplexity(engine, ids, args.ctx)
+    print(f"perplexity {r.perplexity:.4f} over {r.tokens_scored} scored tokens ({r.windows} windows of {r.ctx}, "
+          f"first {len(ids)} tokens of {args.dataset}; dtype {args.dtype}) in {r.seconds:.1f}s")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(vars(r) | {"dtype": args.dtype, "dataset": args.dataset, "tokens": len(ids)}, f, indent=2)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="anycore", description="LLM serving engine for CPUs")
     parser.add_argument("--log-level", default="INFO")
@@ -97,6 +114,16 @@ def build_parser() -> argparse.ArgumentParser:
     else:
         add_server_args(serve)
     serve.set_defaults(func=_serve)
+
+    ev = sub.add_parser("eval", help="accuracy evaluations")
+    ev_sub = ev.add_subparsers(dest="eval", required=True)
+    ppl = ev_sub.add_parser("perplexity", help="perplexity over a text file (llama.cpp-style windows)")
+    add_engine_args(ppl)
+    ppl.add_argument("--dataset", required=True, help="UTF-8 text file, e.g. wikitext-2-raw-test.txt")
+    ppl.add_argument("--ctx", type=int, default=512, help="window length; the second half of each is scored")
+    ppl.add_argument("--max-tokens", type=int, default=32768, help="use the first N tokens of the file (0: all)")
+    ppl.add_argument("--json", default=None)
+    ppl.set_defaults(func=_eval)
 
     doctor = sub.add_parser("doctor", help="CPU features, kernel choices, build info")
     doctor.set_defaults(func=_doctor)

@@ -23,7 +23,7 @@ from anycore.models import build_model
 from anycore.outputs import StepOutput
 from anycore.sampling_params import SamplingParams
 from anycore.scheduler.request import Request
-from anycore.scheduler.scheduler import Scheduler
+from anycore.scheduler.scheduler import ScheduledRequest, Scheduler, SchedulerOutput
 
 log = logging.getLogger("anycore")
 
@@ -162,3 +162,31 @@ class Engine:
 
     def output_text(self, request_id: str) -> str:
         return self._detok[request_id].text
+
+    # ---- scoring --------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def score(self, token_ids: list[int]) -> torch.Tensor:
+        """log p(token[i+1] | tokens[:i+1]) for every i: ``[len - 1]`` fp32.
+
+        Runs outside the scheduler (the caller must not be stepping concurrently); the sequence
+        is prefilled in budget-sized chunks through the same runner and KV pool as serving.
+        """
+        if len(token_ids) < 2 or len(token_ids) > self.max_model_len:
+            raise ValueError(f"score() takes 2..{self.max_model_len} tokens, got {len(token_ids)}")
+        req = Request("score", list(token_ids), SamplingParams(max_tokens=1))
+        slots = self.kv.allocate(len(token_ids))
+        if slots is None:
+            raise ValueError("not enough free KV slots to score this sequence")
+        req.slots = slots
+        chunk = self.scheduler.max_num_batched_tokens
+        pieces = []
+        try:
+            for start in range(0, len(token_ids), chunk):
+                n = min(chunk, len(token_ids) - start)
+                out = SchedulerOutput([ScheduledRequest(req, start, n, True)])
+                pieces.append(self.runner.prompt_logits(out).log_softmax(dim=-1))
+        finally:
+            self.kv.allocator.free(slots)
+        logprobs = torch.cat(pieces)[:-1]
+        targets = torch.tensor(token_ids[1:])
+        return logprobs.gather(1, targets[:, None])[:, 0]
