@@ -54,3 +54,23 @@ def test_no_extension_means_torch_native_everywhere():
 def test_forcing_a_missing_variant_raises_not_sigill():
     with pytest.raises((RuntimeError, ValueError)):
         dispatch.native_op("rms_norm", "sve" if detect().arch != "aarch64" else "avx512")
+
+
+def test_isa_objects_export_only_their_table():
+    """An ISA unit must share no code with others: a weak (COMDAT) function compiled with AVX-512
+    flags could be the copy the linker keeps for the baseline unit too, and SIGILL elsewhere."""
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    info = build.load_extension()
+    nm = shutil.which("nm")
+    if not info.available or nm is None:
+        pytest.skip("needs the built extension and nm")
+    objs = [o for o in sorted(Path(info.build_dir, "obj").glob("*.o")) if o.name != "common_ops.o"]
+    assert objs
+    for o in objs:
+        out = subprocess.run([nm, "--defined-only", "-C", str(o)], capture_output=True, text=True).stdout
+        exported = [ln.split(" ", 2)[2] for ln in out.splitlines()
+                    if ln.split(" ")[1:2] and ln.split(" ")[1] in "TWVuDRB" and "DW.ref." not in ln]
+        assert len(exported) == 1 and exported[0].startswith("anycore::kTable_"), (o.name, exported)
