@@ -135,7 +135,8 @@ class AsyncEngine:
             await asyncio.to_thread(self._thread.join, timeout)
             if self._thread.is_alive():
                 log.warning("engine thread did not stop within %.0fs", timeout)
-        self.state = "stopped"
+        if self.state != "failed":  # keep the load failure visible (the exit status depends on it)
+            self.state = "stopped"
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop | None:
@@ -239,7 +240,8 @@ class AsyncEngine:
 
                 self.engine = Engine(self.config)
         except BaseException as e:  # noqa: BLE001 - reported to the server, which exits
-            log.exception("model failed to load")
+            if not isinstance(e, (ValueError, OSError)):  # a bad path or flag needs no traceback
+                log.exception("model failed to load")
             self.load_error = f"model failed to load: {e}"
             self.state = "failed"
             if self._on_failed is not None:
