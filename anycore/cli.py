@@ -21,6 +21,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-prefix-caching", action="store_true")
     g.add_argument("--threads", type=int, default=None)
     g.add_argument("--kernels", default=None, help="kernel overrides, e.g. 'torch-native' or 'rms_norm=generic'")
+    g.add_argument("--quantization", default=None, choices=["w8a8_int8"],
+                   help="quantize linear layers at load time (pre-quantized checkpoints need no flag)")
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
@@ -35,6 +37,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         enable_prefix_caching=not args.no_prefix_caching,
         threads=args.threads,
         kernels=args.kernels,
+        quantization=args.quantization,
     )
 
 
@@ -89,6 +92,18 @@ def _eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _quantize(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from anycore.engine.engine import Engine
+    from anycore.quantize import save_quantized
+
+    engine = Engine(replace(engine_config(args), quantization=args.quantization or "w8a8_int8"))
+    out = save_quantized(engine, args.out)
+    print(f"wrote {engine.quantization} checkpoint to {out} (serve it with: anycore serve --model {out})")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="anycore", description="LLM serving engine for CPUs")
     parser.add_argument("--log-level", default="INFO")
@@ -124,6 +139,11 @@ def build_parser() -> argparse.ArgumentParser:
     ppl.add_argument("--max-tokens", type=int, default=32768, help="use the first N tokens of the file (0: all)")
     ppl.add_argument("--json", default=None)
     ppl.set_defaults(func=_eval)
+
+    quant = sub.add_parser("quantize", help="write a W8A8 INT8 compressed-tensors checkpoint")
+    add_engine_args(quant)
+    quant.add_argument("--out", required=True, help="output folder")
+    quant.set_defaults(func=_quantize)
 
     doctor = sub.add_parser("doctor", help="CPU features, kernel choices, build info")
     doctor.set_defaults(func=_doctor)

@@ -103,6 +103,7 @@ class EngineConfig:
     threads: int | None = None
     seed: int = 0
     kernels: str | None = None  # override string for the kernel table, e.g. "torch-native"
+    quantization: str | None = None  # e.g. "w8a8_int8" (online); pre-quantized checkpoints say so themselves
     extra: dict[str, Any] = field(default_factory=dict)
 
     def resolved_kv_cache_gb(self) -> float:

@@ -18,6 +18,7 @@ from anycore.config import EngineConfig, parse_dtype
 from anycore.engine.detokenizer import IncrementalDetokenizer
 from anycore.engine.runner import KVPool, ModelRunner
 from anycore.kernels.dispatch import select_ops
+from anycore.layers.quant import linear_method_factory, resolve_quantization
 from anycore.loader import open_model_source
 from anycore.models import build_model
 from anycore.outputs import StepOutput
@@ -55,7 +56,12 @@ class Engine:
         self.ops = select_ops(overrides=config.kernels, threads=config.threads)
         weights = tqdm(source.weights(self.dtype), total=len(source.weight_names), desc="loading weights",
                        unit="tensor", disable=None, leave=False)
-        self.model = build_model(mc, self.ops, self.dtype, weights, max_len)
+        self.quantization, prequantized = resolve_quantization(config.quantization, source.hf_config)
+        self.model = build_model(mc, self.ops, self.dtype, weights, max_len,
+                                 linear_method_factory(self.quantization, prequantized))
+        tensors = [*self.model.parameters(), *self.model.buffers()]
+        self.num_params = sum(t.numel() for t in tensors)
+        self.weight_bytes = sum(t.numel() * t.element_size() for t in tensors)  # streamed per decode step
         self.kv_pool = KVPool(mc.num_layers, num_slots, mc.num_kv_heads, mc.head_dim, self.dtype)
         self.kv = KVCacheManager(num_slots, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.kv, config.max_num_batched_tokens, config.max_num_seqs, config.policy)
@@ -70,10 +76,10 @@ class Engine:
         self._ids = itertools.count()
         self.kv_cache_gb = kv_gb
         log.info(
-            "model %s (%s, %d layers, %.1fM params) dtype %s; KV pool %.2f GiB = %d tokens; max_model_len %d; "
+            "model %s (%s, %d layers, %.1fM params) dtype %s, quantization %s; KV pool %.2f GiB = %d tokens; max_model_len %d; "
             "loaded in %.1fs",
             self.model_name, mc.architecture, mc.num_layers,
-            sum(p.numel() for p in self.model.parameters()) / 1e6, config.dtype, kv_gb, num_slots, max_len,
+            self.num_params / 1e6, config.dtype, self.quantization or "none", kv_gb, num_slots, max_len,
             time.perf_counter() - t0,
         )
         log.info("kernels: %s", ", ".join(f"{k}={v}" for k, v in self.ops.choices.items()))

@@ -19,6 +19,8 @@ from anycore.kernels.ops import KernelOps
 class LinearMethod(Protocol):
     name: str
 
+    def create_weights(self, layer: Linear, dtype: torch.dtype) -> None: ...
+
     def process_weights_after_loading(self, layer: Linear) -> None: ...
 
     def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor: ...
@@ -28,6 +30,9 @@ class UnquantizedLinearMethod:
     """Dense weights in the run dtype; the multiply is the kernel table's ``linear``."""
 
     name = "dense"
+
+    def create_weights(self, layer: Linear, dtype: torch.dtype) -> None:
+        layer.weight = nn.Parameter(torch.empty(layer.out_features, layer.in_features, dtype=dtype), requires_grad=False)
 
     def process_weights_after_loading(self, layer: Linear) -> None:
         pass
@@ -52,24 +57,31 @@ class Linear(nn.Module):
         self.out_sizes = [out_sizes] if isinstance(out_sizes, int) else list(out_sizes)
         self.in_features = in_features
         self.out_features = sum(self.out_sizes)
-        self.weight = nn.Parameter(torch.empty(self.out_features, in_features, dtype=dtype), requires_grad=False)
         self.bias = (
             nn.Parameter(torch.zeros(self.out_features, dtype=dtype), requires_grad=False) if bias else None
         )
         self.matmul = ops.linear if ops is not None else F.linear
         self.method: LinearMethod = method or UnquantizedLinearMethod()
+        self.method.create_weights(self, dtype)
 
     def load(self, kind: str, tensor: torch.Tensor, shard: int = 0) -> None:
-        """Copies a checkpoint tensor ("weight" or "bias") into output shard ``shard``."""
+        """Copies a checkpoint tensor (``weight``, ``bias``, ``weight_scale``...) into output
+        shard ``shard``; every such tensor is split along the output dimension."""
         start = sum(self.out_sizes[:shard])
         size = self.out_sizes[shard]
-        target = self.weight if kind == "weight" else self.bias
+        target = getattr(self, kind, None)
         if target is None:
             raise ValueError(f"checkpoint has a {kind} this layer does not expect")
-        expected = (size, self.in_features) if kind == "weight" else (size,)
+        expected = (size, *target.shape[1:])
+        if tensor.numel() == size and target.dim() == 1:
+            tensor = tensor.reshape(size)  # per-channel scales come as [N] or [N, 1]
         if tuple(tensor.shape) != expected:
             raise ValueError(f"{kind} shard {shard}: checkpoint shape {tuple(tensor.shape)} != expected {expected}")
         target.data[start : start + size].copy_(tensor)
+
+    def param_kinds(self) -> list[str]:
+        """Names of the tensors a checkpoint must provide for this layer."""
+        return [name for name, _ in self.named_parameters(recurse=False)]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.method.apply(self, x)

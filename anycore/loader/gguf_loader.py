@@ -82,6 +82,7 @@ def gguf_hf_config(reader: Any) -> dict[str, Any]:
     names = {t.name for t in reader.tensors}
     cfg: dict[str, Any] = {
         "architectures": [_ARCHS[arch][0]],
+        "model_type": arch,
         "vocab_size": vocab,
         "hidden_size": hidden,
         "intermediate_size": int(g("feed_forward_length")),

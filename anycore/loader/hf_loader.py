@@ -26,7 +26,9 @@ def open_hf_folder(folder: Path) -> ModelSource:
     where = {name: h for h in handles for name in h.keys()}
 
     def load(name: str, dtype: torch.dtype) -> torch.Tensor:
-        return where[name].get_tensor(name).to(dtype)
+        # as stored: the copy into the parameter converts floats to the run dtype, while int8
+        # weights and fp32 scales of pre-quantized checkpoints must arrive untouched
+        return where[name].get_tensor(name)
 
     return ModelSource(
         path=folder,

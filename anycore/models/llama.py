@@ -5,7 +5,7 @@ Architecture only; the blocks live in anycore.layers.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 from torch import nn
@@ -15,10 +15,12 @@ from anycore.kernels.ops import KernelOps
 from anycore.layers.attention import PagedAttention
 from anycore.layers.embedding import LogitsHead, VocabEmbedding
 from anycore.layers.forward_batch import ForwardBatch
-from anycore.layers.linear import Linear
+from anycore.layers.linear import Linear, LinearMethod
 from anycore.layers.norm import RMSNorm
 from anycore.layers.rotary import RotaryTable
 from anycore.models.registry import register
+
+MakeLinear = Callable[[int, "int | list[int]", bool], Linear]
 
 # checkpoint projection -> (our merged module, shard index)
 _MERGED = {
@@ -31,13 +33,13 @@ _MERGED = {
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer_idx: int, ops: KernelOps, dtype: torch.dtype) -> None:
+    def __init__(self, cfg: ModelConfig, layer_idx: int, ops: KernelOps, dtype: torch.dtype, linear: MakeLinear) -> None:
         super().__init__()
         d = cfg.head_dim
         self.q_size, self.kv_size = cfg.num_heads * d, cfg.num_kv_heads * d
         self.head_dim = d
-        self.qkv_proj = Linear(cfg.hidden_size, [self.q_size, self.kv_size, self.kv_size], cfg.attention_bias, dtype, ops)
-        self.o_proj = Linear(self.q_size, cfg.hidden_size, False, dtype, ops)
+        self.qkv_proj = linear(cfg.hidden_size, [self.q_size, self.kv_size, self.kv_size], cfg.attention_bias)
+        self.o_proj = linear(self.q_size, cfg.hidden_size, False)
         self.q_norm = RMSNorm(d, cfg.rms_norm_eps, ops, dtype) if cfg.qk_norm else None
         self.k_norm = RMSNorm(d, cfg.rms_norm_eps, ops, dtype) if cfg.qk_norm else None
         self.attn = PagedAttention(cfg.num_heads, cfg.num_kv_heads, d, layer_idx, ops)
@@ -55,10 +57,10 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig, ops: KernelOps, dtype: torch.dtype) -> None:
+    def __init__(self, cfg: ModelConfig, ops: KernelOps, linear: MakeLinear) -> None:
         super().__init__()
-        self.gate_up_proj = Linear(cfg.hidden_size, [cfg.intermediate_size] * 2, False, dtype, ops)
-        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, False, dtype, ops)
+        self.gate_up_proj = linear(cfg.hidden_size, [cfg.intermediate_size] * 2, False)
+        self.down_proj = linear(cfg.intermediate_size, cfg.hidden_size, False)
         self.ops = ops
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -66,10 +68,10 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer_idx: int, ops: KernelOps, dtype: torch.dtype) -> None:
+    def __init__(self, cfg: ModelConfig, layer_idx: int, ops: KernelOps, dtype: torch.dtype, linear: MakeLinear) -> None:
         super().__init__()
-        self.self_attn = Attention(cfg, layer_idx, ops, dtype)
-        self.mlp = MLP(cfg, ops, dtype)
+        self.self_attn = Attention(cfg, layer_idx, ops, dtype, linear)
+        self.mlp = MLP(cfg, ops, linear)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops, dtype)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops, dtype)
 
@@ -86,11 +88,21 @@ class DecoderLayer(nn.Module):
 
 @register("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 class LlamaForCausalLM(nn.Module):
-    def __init__(self, cfg: ModelConfig, ops: KernelOps, dtype: torch.dtype, max_positions: int) -> None:
+    # our merged module -> the checkpoint projections stacked in it, in shard order
+    merged_shards = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
+
+    def __init__(
+        self, cfg: ModelConfig, ops: KernelOps, dtype: torch.dtype, max_positions: int,
+        linear_method: Callable[[], LinearMethod] | None = None,
+    ) -> None:
         super().__init__()
         self.config = cfg
+
+        def linear(in_features: int, out_sizes: int | list[int], bias: bool) -> Linear:
+            return Linear(in_features, out_sizes, bias, dtype, ops, linear_method() if linear_method else None)
+
         self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size, dtype)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i, ops, dtype) for i in range(cfg.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i, ops, dtype, linear) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops, dtype)
         self.lm_head = LogitsHead(
             cfg.vocab_size, cfg.hidden_size, dtype, self.embed_tokens if cfg.tie_word_embeddings else None, ops
@@ -148,7 +160,7 @@ class LlamaForCausalLM(nn.Module):
         missing = []
         for name, module in self.named_modules():
             if isinstance(module, Linear):
-                kinds = ["weight"] + (["bias"] if module.bias is not None else [])
+                kinds = module.param_kinds()
                 shards = range(len(module.out_sizes))
                 for kind in kinds:
                     keys = [f"{name}.{kind}#{s}" for s in shards] if len(module.out_sizes) > 1 else [f"{name}.{kind}"]

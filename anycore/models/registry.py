@@ -46,9 +46,10 @@ def build_model(
     dtype: torch.dtype,
     weights: Iterable[tuple[str, torch.Tensor]],
     max_positions: int,
+    linear_method: Callable | None = None,
 ) -> nn.Module:
     check_supported(config.architecture)
-    model = _REGISTRY[config.architecture](config, ops, dtype, max_positions)
+    model = _REGISTRY[config.architecture](config, ops, dtype, max_positions, linear_method)
     model.load_weights(weights)
     model.eval()
     return model

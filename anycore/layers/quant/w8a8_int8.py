@@ -1,0 +1,46 @@
+"""W8A8 INT8 linear method: int8 per-channel weights, int8 per-token dynamic activations.
+
+Two ways in: *online* (the checkpoint is float; weights are quantized after loading) and
+*pre-quantized* (compressed-tensors checkpoints: int8 ``weight`` + ``weight_scale``).
+After loading, the float weight is dropped and the int8 weight is packed once for the
+kernel that will run it.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from anycore.kernels.int8 import quantize_weight_per_channel, w8a8_linear_torch
+
+
+class W8A8Int8LinearMethod:
+    name = "w8a8_int8"
+
+    def __init__(self, prequantized: bool = False) -> None:
+        self.prequantized = prequantized
+
+    def create_weights(self, layer: nn.Module, dtype: torch.dtype) -> None:
+        n, k = layer.out_features, layer.in_features
+        if self.prequantized:
+            layer.weight = nn.Parameter(torch.empty(n, k, dtype=torch.int8), requires_grad=False)
+            layer.weight_scale = nn.Parameter(torch.empty(n, dtype=torch.float32), requires_grad=False)
+        else:
+            layer.weight = nn.Parameter(torch.empty(n, k, dtype=dtype), requires_grad=False)
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        if self.prequantized:
+            qweight, scale = layer.weight.data, layer.weight_scale.data.float()
+        else:
+            qweight, scale = quantize_weight_per_channel(layer.weight.data)
+        # only the packed int8 weight stays in memory ([K, N] for torch._int_mm); savers
+        # transpose it back to the checkpoint's [N, K]
+        layer.register_buffer("qweight_t", qweight.t().contiguous())
+        layer.register_buffer("w_scale", scale.contiguous())
+        del layer.weight
+        if hasattr(layer, "weight_scale"):
+            del layer.weight_scale
+        layer.register_buffer("weight", None, persistent=False)
+
+    def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return w8a8_linear_torch(x, layer.qweight_t, layer.w_scale, layer.bias)

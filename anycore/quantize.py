@@ -1,0 +1,62 @@
+"""`anycore quantize`: write a model's W8A8 INT8 weights as a compressed-tensors checkpoint.
+
+The result is an HF folder (config.json with ``quantization_config``, model.safetensors,
+tokenizer files) that anycore, vLLM and SGLang load as pre-quantized, so a model is
+quantized once and served many times.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from anycore.engine.engine import Engine
+from anycore.layers.embedding import LogitsHead
+from anycore.layers.linear import Linear
+from anycore.layers.quant.compressed_tensors import quantization_config
+
+
+def export_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Checkpoint-named tensors: merged projections split back into their HF names."""
+    merged = getattr(model, "merged_shards", {})
+    out: dict[str, torch.Tensor] = {}
+    for name, module in model.named_modules():
+        prefix = f"model.{name}" if name and not name.startswith("lm_head") else name
+        if isinstance(module, Linear):
+            parent, _, leaf = prefix.rpartition(".")
+            names = [f"{parent}.{n}" for n in merged.get(leaf, [leaf])]
+            quantized = hasattr(module, "qweight_t")
+            weight = module.qweight_t.t() if quantized else module.weight
+            start = 0
+            for shard_name, size in zip(names, module.out_sizes):
+                out[f"{shard_name}.weight"] = weight[start : start + size].contiguous()
+                if quantized:
+                    out[f"{shard_name}.weight_scale"] = module.w_scale[start : start + size].reshape(-1, 1).clone()
+                if module.bias is not None:
+                    out[f"{shard_name}.bias"] = module.bias[start : start + size].clone()
+                start += size
+        elif isinstance(module, LogitsHead):
+            if module.tied_to is None:
+                out["lm_head.weight"] = module.weight.detach().clone()
+        elif name and not isinstance(module, (torch.nn.ModuleList,)):
+            for pname, p in module.named_parameters(recurse=False):
+                out[f"{prefix}.{pname}"] = p.detach().clone()
+    return out
+
+
+def save_quantized(engine: Engine, out_dir: str | Path) -> Path:
+    if engine.quantization != "w8a8_int8":
+        raise ValueError("save_quantized needs an engine loaded with quantization='w8a8_int8'")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = export_state_dict(engine.model)
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    config = dict(engine.source.hf_config)
+    config["torch_dtype"] = str(engine.dtype).removeprefix("torch.")
+    config["quantization_config"] = quantization_config(ignore=["lm_head"])
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    engine.tokenizer.save_pretrained(str(out))
+    return out
