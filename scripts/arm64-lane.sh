@@ -8,7 +8,8 @@
 #   ANYCORE_ARM64_CACHE     cache dir (default ~/.cache/anycore/arm64-lane); every artefact in it
 #                           is keyed by its inputs, so a second run only re-runs the tests
 #   ANYCORE_ARM64_CPUS      space-separated QEMU_CPU values (default: the four below)
-#   ANYCORE_ARM64_TESTS     pytest paths (default: tests)
+#   ANYCORE_ARM64_TESTS     pytest paths (default: the files under tests/ that mention arm64, and
+#                           whole folders whose conftest.py does; saves emulated collection time)
 #   ANYCORE_ARM64_PYTEST    extra pytest arguments (e.g. "-k platform -x")
 #   ANYCORE_ARM64_TIMEOUT   seconds allowed per CPU model (default 600)
 #   ANYCORE_ARM64_THREADS   torch/OpenMP threads inside each emulated run (default 1)
@@ -37,7 +38,7 @@ HOST_PY="${ANYCORE_ARM64_PYTHON:-python3}"
 TORCH_VERSION="${ANYCORE_ARM64_TORCH:-2.9.1}"
 TIMEOUT="${ANYCORE_ARM64_TIMEOUT:-600}"
 THREADS="${ANYCORE_ARM64_THREADS:-1}"
-TESTS="${ANYCORE_ARM64_TESTS:-tests}"
+TESTS="${ANYCORE_ARM64_TESTS:-}"
 BINFMT="${ANYCORE_ARM64_BINFMT:-auto}"
 DEBIAN_MIRROR="${ANYCORE_ARM64_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 DEBIAN_SECURITY_MIRROR="${ANYCORE_ARM64_DEBIAN_SECURITY_MIRROR:-http://deb.debian.org/debian-security}"
@@ -323,7 +324,19 @@ if [[ -n "$EXT_DIR" ]]; then EXT_ENV=(ANYCORE_EXT_DIR="$EXT_DIR"); else EXT_ENV=
 # default ones, for nothing the lane tests (anycore's own SVE variant still sees 256 bits).
 ATEN_ENV=()
 [[ -z "$ATEN_CAPABILITY" ]] || ATEN_ENV=(ATEN_CPU_CAPABILITY="$ATEN_CAPABILITY")
-read -r -a TEST_PATHS <<<"$TESTS"
+if [[ -n "$TESTS" ]]; then
+  read -r -a TEST_PATHS <<<"$TESTS"
+else
+  # Only modules that can hold arm64-marked tests are imported (collection under emulation costs
+  # seconds per module): files naming the marker, and folders whose conftest.py names it.
+  mapfile -t TEST_PATHS < <(cd "$REPO" && {
+    grep -rlw --include=conftest.py arm64 tests | xargs -r -n1 dirname | sed 's|$|/|'
+    grep -rlw --include='test_*.py' --include='*_test.py' arm64 tests
+  } | LC_ALL=C sort | awk '{ for (d in dirs) if (index($0, d) == 1) next; if ($0 ~ /\/$/) dirs[$0]; print }')
+  ((${#TEST_PATHS[@]})) || die "no test file under tests/ mentions the arm64 marker"
+fi
+SHARED_DIR="$RUN_DIR/shared"
+mkdir -p "$SHARED_DIR"
 read -r -a PYTEST_EXTRA <<<"${ANYCORE_ARM64_PYTEST:-}"
 
 # One pytest run under one emulated CPU model: RUN_DIR/<slug>.{log,xml,rc,seconds}.
@@ -334,7 +347,7 @@ run_cpu() {
   env -u PYTHONHOME QEMU_LD_PREFIX="$SYSROOT" QEMU_CPU="$cpu" PYTHONPATH="$PYPATH" \
     PYTHONNOUSERSITE=1 OMP_NUM_THREADS="$THREADS" ANYCORE_NUM_THREADS="$THREADS" \
     HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false \
-    "${EXT_ENV[@]}" "${ATEN_ENV[@]}" ANYCORE_ARM64_LANE=1 ANYCORE_EXPECT_CPU="$cpu" \
+    "${EXT_ENV[@]}" "${ATEN_ENV[@]}" ANYCORE_ARM64_LANE=1 ANYCORE_TEST_SHARED_DIR="$SHARED_DIR" ANYCORE_EXPECT_CPU="$cpu" \
     ANYCORE_EXPECT_FEATURES="$features" ANYCORE_EXPECT_SVE_BITS="$sve_bits" \
     timeout --kill-after=30 "$TIMEOUT" qemu-aarch64-static "$SYSROOT/usr/bin/python3.11" -m pytest \
     -m arm64 -p no:cacheprovider -q -rfE --junitxml="$RUN_DIR/$slug.xml" \

@@ -6,6 +6,11 @@ runner, sampler), not speed.
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -63,10 +68,10 @@ def _write_tokenizer(path: Path) -> None:
     ).save_pretrained(path)
 
 
-@pytest.fixture(scope="module")
-def tiny_llama(tmp_path_factory):
-    """``(model_dir, prompts, reference_outputs)`` for a seed whose greedy path is unambiguous
-    and never reaches EOS (so an engine's stop-on-EOS rule cannot change the length)."""
+def _build(path: Path) -> tuple[list[list[int]], list[list[int]]]:
+    """Writes the model and tokenizer to ``path``; returns ``(prompts, reference outputs)`` for
+    a seed whose greedy path is unambiguous and never reaches EOS (so an engine's stop-on-EOS
+    rule cannot change the length)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
@@ -95,10 +100,45 @@ def tiny_llama(tmp_path_factory):
             break
     else:
         pytest.fail("no seed gave a greedy path with a clear top-1 margin")
-    path = tmp_path_factory.mktemp("tiny-llama")
     model.save_pretrained(path, safe_serialization=True)
     _write_tokenizer(path)
-    return path, prompts, list(refs)
+    return prompts, list(refs)
+
+
+def _shared_key() -> str:
+    """Everything the model and its reference depend on: this file and the library versions."""
+    from importlib.metadata import version
+
+    h = hashlib.sha256(Path(__file__).read_bytes())
+    h.update(f"{torch.__version__} {version('transformers')} {version('tokenizers')}".encode())
+    return h.hexdigest()[:16]
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory):
+    """``(model_dir, prompts, reference_outputs)``.
+
+    With ``ANYCORE_TEST_SHARED_DIR`` set (the Arm64 lane sets one per lane run) the model and
+    its transformers reference are made once and reused by the runs under the other CPU models,
+    which saves each of them the emulated transformers work; the reference is plain fp32 math
+    with a margin, the same under every CPU model.
+    """
+    shared = os.environ.get("ANYCORE_TEST_SHARED_DIR")
+    if not shared:
+        path = tmp_path_factory.mktemp("tiny-llama")
+        prompts, refs = _build(path)
+        return path, prompts, refs
+    path = Path(shared) / f"tiny-llama-{_shared_key()}"
+    if not (path / "reference.json").is_file():
+        tmp = Path(tempfile.mkdtemp(prefix=path.name + ".", dir=shared))
+        prompts, refs = _build(tmp)
+        (tmp / "reference.json").write_text(json.dumps({"prompts": prompts, "refs": refs}))
+        try:
+            tmp.rename(path)
+        except OSError:  # a parallel run got there first: same inputs, same content
+            shutil.rmtree(tmp, ignore_errors=True)
+    data = json.loads((path / "reference.json").read_text())
+    return path, data["prompts"], data["refs"]
 
 
 def test_reference_is_sane(tiny_llama):
