@@ -18,7 +18,8 @@ from anycore.config import EngineConfig, parse_dtype
 from anycore.engine.detokenizer import IncrementalDetokenizer
 from anycore.engine.runner import KVPool, ModelRunner
 from anycore.kernels.dispatch import select_ops
-from anycore.layers.quant import linear_method_factory, resolve_quantization
+from anycore.layers.quant import linear_method_factory, quantize_online, resolve_quantization
+from anycore.layers.quant.smoothing import calibration_token_ids
 from anycore.loader import open_model_source
 from anycore.models import build_model
 from anycore.outputs import StepOutput
@@ -57,15 +58,24 @@ class Engine:
         weights = tqdm(source.weights(self.dtype), total=len(source.weight_names), desc="loading weights",
                        unit="tensor", disable=None, leave=False)
         self.quantization, prequantized = resolve_quantization(config.quantization, source.hf_config)
+        # pre-quantized checkpoints load int8 weights directly; online quantization loads the
+        # float weights, calibrates, smooths and quantizes once the runner exists (below)
         self.model = build_model(mc, self.ops, self.dtype, weights, max_len,
-                                 linear_method_factory(self.quantization, prequantized))
-        tensors = [*self.model.parameters(), *self.model.buffers()]
-        self.num_params = sum(t.numel() for t in tensors)
-        self.weight_bytes = sum(t.numel() * t.element_size() for t in tensors)  # streamed per decode step
+                                 linear_method_factory(self.quantization, True) if prequantized else None)
         self.kv_pool = KVPool(mc.num_layers, num_slots, mc.num_kv_heads, mc.head_dim, self.dtype)
         self.kv = KVCacheManager(num_slots, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.kv, config.max_num_batched_tokens, config.max_num_seqs, config.policy)
         self.runner = ModelRunner(self.model, self.kv_pool)
+        if self.quantization and not prequantized:
+            calib = calibration_token_ids(self.tokenizer, mc.vocab_size)
+            window = min(512, self.max_model_len)
+            quantize_online(
+                self.model, linear_method_factory(self.quantization),
+                lambda: [self.score(calib[i : i + window]) for i in range(0, len(calib) - 1, window)],
+            )
+        tensors = [*self.model.parameters(), *self.model.buffers()]
+        self.num_params = sum(t.numel() for t in tensors)
+        self.weight_bytes = sum(t.numel() * t.element_size() for t in tensors)  # streamed per decode step
 
         eos = set(mc.eos_token_ids)
         if getattr(self.tokenizer, "eos_token_id", None) is not None:

@@ -17,6 +17,7 @@ from anycore.layers.embedding import LogitsHead, VocabEmbedding
 from anycore.layers.forward_batch import ForwardBatch
 from anycore.layers.linear import Linear, LinearMethod
 from anycore.layers.norm import RMSNorm
+from anycore.layers.quant.smoothing import SmoothPair
 from anycore.layers.rotary import RotaryTable
 from anycore.models.registry import register
 
@@ -122,6 +123,19 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)
+
+    def smooth_pairs(self) -> list[SmoothPair]:
+        """Where activation smoothing can be folded (see anycore.layers.quant.smoothing)."""
+        pairs = []
+        for layer in self.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            up_rows = mlp.gate_up_proj.weight[mlp.down_proj.in_features :]
+            pairs += [
+                SmoothPair(attn.qkv_proj, layer.input_layernorm.weight),
+                SmoothPair(mlp.gate_up_proj, layer.post_attention_layernorm.weight),
+                SmoothPair(mlp.down_proj, up_rows),
+            ]
+        return pairs
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         loaded: set[str] = set()

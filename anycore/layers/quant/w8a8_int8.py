@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from anycore.kernels.int8 import quantize_weight_per_channel, w8a8_linear_torch
+from anycore.kernels.int8 import TORCH_NATIVE_W8A8, quantize_weight_per_channel
 
 
 class W8A8Int8LinearMethod:
@@ -33,9 +33,12 @@ class W8A8Int8LinearMethod:
             qweight, scale = layer.weight.data, layer.weight_scale.data.float()
         else:
             qweight, scale = quantize_weight_per_channel(layer.weight.data)
-        # only the packed int8 weight stays in memory ([K, N] for torch._int_mm); savers
-        # transpose it back to the checkpoint's [N, K]
-        layer.register_buffer("qweight_t", qweight.t().contiguous())
+        # only the packed int8 weight stays in memory, in the layout of the kernel-table
+        # implementation that will run it (layer.int8_kernel); savers get [N, K] back with
+        # layer.int8_kernel.unpack(layer.qweight_packed, out_features, in_features)
+        kernel = layer.kernels.w8a8_linear if getattr(layer, "kernels", None) is not None else TORCH_NATIVE_W8A8
+        layer.int8_kernel = kernel
+        layer.register_buffer("qweight_packed", kernel.pack(qweight.contiguous()))
         layer.register_buffer("w_scale", scale.contiguous())
         del layer.weight
         if hasattr(layer, "weight_scale"):
@@ -43,4 +46,4 @@ class W8A8Int8LinearMethod:
         layer.register_buffer("weight", None, persistent=False)
 
     def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        return w8a8_linear_torch(x, layer.qweight_t, layer.w_scale, layer.bias)
+        return layer.int8_kernel(x, layer.qweight_packed, layer.w_scale, layer.bias)
