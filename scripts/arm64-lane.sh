@@ -191,14 +191,18 @@ step_done
 step "AArch64 wheels (torch==$TORCH_VERSION + project dependencies, host pip --platform)"
 PIP_EXTRA=()
 "$HOST_PY" -m pip install --help 2>/dev/null | grep -q -- --break-system-packages && PIP_EXTRA+=(--break-system-packages)
-WHEELS="$CACHE/wheels-$(key_of "wheels-v1" "$TORCH_VERSION" "$REPO/pyproject.toml" "$HELPERS/requirements.py")"
+# Keyed by the requirement lists derived from pyproject.toml, not the whole file: an edit
+# elsewhere in it (tool settings) keeps the cached wheels.
+REQS="$(mktemp -d)"
+"$HOST_PY" "$HELPERS/requirements.py" lists "$REPO/pyproject.toml" "$TORCH_VERSION" "$REQS" ||
+  die "could not derive requirements from pyproject.toml"
+WHEELS="$CACHE/wheels-$(key_of "wheels-v2" "$REQS/nodeps.txt" "$REQS/deps.txt" "$HELPERS/requirements.py")"
 if [[ -f "$WHEELS/.complete" ]]; then
   log "cached: $WHEELS"
 else
   rm -rf "$WHEELS.tmp"
-  mkdir -p "$WHEELS.tmp/.reqs"
-  "$HOST_PY" "$HELPERS/requirements.py" lists "$REPO/pyproject.toml" "$TORCH_VERSION" "$WHEELS.tmp/.reqs" ||
-    die "could not derive requirements from pyproject.toml"
+  mkdir -p "$WHEELS.tmp"
+  mv "$REQS" "$WHEELS.tmp/.reqs"
   log "no-deps: $(tr '\n' ' ' <"$WHEELS.tmp/.reqs/nodeps.txt")"
   PIP_LOG="$WHEELS.tmp/.reqs/pip.log"
   "$HOST_PY" -m pip install "${PIP_EXTRA[@]}" --target "$WHEELS.tmp" "${PIP_TARGET_ARGS[@]}" --no-deps \
@@ -220,6 +224,7 @@ else
   mv "$WHEELS.tmp" "$WHEELS"
   log "installed into $WHEELS ($(du -sh "$WHEELS" | cut -f1))"
 fi
+rm -rf "$REQS"
 log "torch $(sed -n 's/^Version: //p' "$WHEELS"/torch-*.dist-info/METADATA)"
 step_done
 
@@ -330,8 +335,8 @@ else
   # Only modules that can hold arm64-marked tests are imported (collection under emulation costs
   # seconds per module): files naming the marker, and folders whose conftest.py names it.
   mapfile -t TEST_PATHS < <(cd "$REPO" && {
-    grep -rlw --include=conftest.py arm64 tests | xargs -r -n1 dirname | sed 's|$|/|'
-    grep -rlw --include='test_*.py' --include='*_test.py' arm64 tests
+    grep -rlw --include=conftest.py arm64 tests | xargs -r -n1 dirname | sed 's|$|/|' || true
+    grep -rlw --include='test_*.py' --include='*_test.py' arm64 tests || true
   } | LC_ALL=C sort | awk '{ for (d in dirs) if (index($0, d) == 1) next; if ($0 ~ /\/$/) dirs[$0]; print }')
   ((${#TEST_PATHS[@]})) || die "no test file under tests/ mentions the arm64 marker"
 fi
