@@ -1,4 +1,4 @@
-"""`anycore bench <latency|throughput|serving|kernels>` argument wiring."""
+"""`anycore bench <latency|throughput|serving|compare>` argument wiring."""
 
 from __future__ import annotations
 
@@ -24,6 +24,11 @@ def add_bench_args(parser: argparse.ArgumentParser, add_engine_args: Callable[[a
 
     serving = sub.add_parser("serving", help="load-test an OpenAI-compatible server (ours or any other)")
     add_serving_args(serving)
+    from anycore.bench.compare import add_compare_args
+
+    compare = sub.add_parser("compare", help="anycore vs llama.cpp and transformers, same model and prompts")
+    add_engine_args(compare)
+    add_compare_args(compare)
 
 
 def run_bench(args: argparse.Namespace, config: EngineConfig | None) -> int:
@@ -36,4 +41,9 @@ def run_bench(args: argparse.Namespace, config: EngineConfig | None) -> int:
         from anycore.bench.serving import run_serving
 
         return run_serving(args)
+    if args.bench == "compare":
+        from anycore.bench.compare import run_compare
+
+        assert config is not None
+        return run_compare(args, config)
     raise ValueError(f"unknown benchmark {args.bench!r}")
