@@ -53,6 +53,7 @@ def add_compare_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--concurrency", default="1,4,16", help="serving concurrency levels")
     g.add_argument("--serve-input-len", type=int, default=100)
     g.add_argument("--serve-output-len", type=int, default=128)
+    g.add_argument("--prefix-len", type=int, default=992, help="shared-prefix workload: prefix tokens (suffixes: 20)")
     g.add_argument("--prompts-per-slot", type=int, default=4, help="serving requests per level = this x concurrency (min 4)")
     g.add_argument("--quick", action="store_true",
                    help="1 repeat, 32 decode tokens, batch 4x(64 in, 32 out), concurrency 1,4, 2 prompts per slot")
@@ -255,7 +256,8 @@ class Compare:
                     time.sleep(a.settle)
                     others = [o for o in servers if o is not s]
                     try:
-                        r, load = self._timed(s, others, lambda s=s, rep=rep: sw.shared_prefix(s.url, seed=500 + rep))
+                        r, load = self._timed(s, others, lambda s=s, rep=rep: sw.shared_prefix(
+                            s.url, seed=500 + rep, prefix_len=a.prefix_len))
                     except Exception as e:  # noqa: BLE001
                         self.skipped[f"{s.name} prefix"] = f"{type(e).__name__}: {e}"
                         continue
@@ -266,7 +268,8 @@ class Compare:
                     runs = res2[s.name]
                     if runs:
                         loads = [ld for _, ld in runs]
-                        for key, title in (("cold_ttft_s", "prefix cold TTFT"), ("shared_ttft_p50_s", "prefix shared TTFT p50"),
+                        for key, title in (("cold_ttft_s", "prefix cold TTFT"),
+                                           ("shared_ttft_p50_s", "prefix shared c=4 TTFT p50"),
                                            ("alone_ttft_s", "prefix cached alone TTFT")):
                             self.add(title, s.name, "s", False, [r[key] for r, _ in runs], loads)
         finally:
