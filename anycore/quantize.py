@@ -28,8 +28,9 @@ def export_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
         if isinstance(module, Linear):
             parent, _, leaf = prefix.rpartition(".")
             names = [f"{parent}.{n}" for n in merged.get(leaf, [leaf])]
-            quantized = hasattr(module, "qweight_t")
-            weight = module.qweight_t.t() if quantized else module.weight
+            quantized = hasattr(module, "qweight_packed")
+            weight = (module.int8_kernel.unpack(module.qweight_packed, module.out_features, module.in_features)
+                      if quantized else module.weight)
             start = 0
             for shard_name, size in zip(names, module.out_sizes):
                 out[f"{shard_name}.weight"] = weight[start : start + size].contiguous()

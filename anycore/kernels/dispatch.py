@@ -20,6 +20,7 @@ import torch
 
 from anycore.kernels import reference, torch_native
 from anycore.kernels.build import ExtensionInfo, load_extension
+from anycore.kernels.int8 import Int8Linear
 from anycore.kernels.ops import OP_NAMES, KernelOps
 from anycore.platform import selection
 from anycore.platform.features import CpuFeatures, detect
@@ -93,10 +94,10 @@ def native_op(op: str, impl: str, ext: ExtensionInfo | None = None) -> Callable:
     ext = ext or load_extension()
     if not ext.available or impl not in ext.variants:
         raise RuntimeError(f"{impl} is not in the built extension ({ext.error or ', '.join(ext.variants)})")
-    return _bind(op, ext.variants.index(impl))
+    return _bind(op, ext.variants.index(impl), impl)
 
 
-def _bind(op: str, idx: int) -> Callable:
+def _bind(op: str, idx: int, impl: str = "") -> Callable:
     native = getattr(torch.ops.anycore, op).default
     fallback = getattr(torch_native, op)
 
@@ -139,7 +140,27 @@ def _bind(op: str, idx: int) -> Callable:
                 return fallback(q, k_cache, v_cache, q_start_loc, seq_lens, slot_table, scale)
             return native(q, k_cache, v_cache, q_start_loc, seq_lens, slot_table, scale, idx)
         return paged_attention
+    if op == "w8a8_linear":
+        return _bind_w8a8(idx, impl)
     raise ValueError(op)
+
+
+def _bind_w8a8(idx: int, impl: str) -> Int8Linear:
+    """The variant's packer and kernel; activations other than fp32/bf16 run in fp32."""
+    lib = torch.ops.anycore
+
+    def forward(x, packed, w_scale, bias=None):
+        if x.dtype not in _NATIVE_DTYPES:
+            return lib.w8a8_linear(x.float(), packed, w_scale, bias, idx).to(x.dtype)
+        return lib.w8a8_linear(x, packed, w_scale, bias, idx)
+
+    return Int8Linear(
+        impl,
+        pack=lambda qweight: lib.int8_pack(qweight, idx),
+        unpack=lambda packed, n, k: lib.int8_unpack(packed, n, k, idx),
+        forward=forward,
+        acc=lambda xq, packed, n: lib.w8a8_int8_acc(xq, packed, n, idx),
+    )
 
 
 def implementations(op: str) -> list[tuple[str, str]]:

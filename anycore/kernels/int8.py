@@ -4,9 +4,17 @@ Scheme (the one SGLang/vLLM call W8A8 INT8): weights int8 symmetric per output c
 (``w ≈ qweight * w_scale[n]``), activations int8 symmetric per token, quantized at run time
 (``x ≈ xq * x_scale[m]``); products accumulate exactly in int32, then
 ``y = acc * x_scale[m] * w_scale[n] (+ bias)`` in fp32, cast to the activation dtype.
+
+The kernel-table op ``w8a8_linear`` is an ``Int8Linear``: each implementation reads the weight
+in its own pre-packed layout, made once at load by its ``pack`` (torch-native: ``[K, N]`` for
+``torch._int_mm``; native variants: panels for VPDPBUSD / SDOT / SMMLA, see
+csrc/common/int8_impl.h), so a packed weight must go back to the implementation that packed it.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -43,10 +51,59 @@ def w8a8_linear_torch(
     x: torch.Tensor, qweight_t: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None = None
 ) -> torch.Tensor:
     """Torch-native fallback on ``torch._int_mm``; weight pre-packed as ``qweight_t [K, N]``
-    (contiguous), the layout _int_mm reads fastest for small M."""
-    xq, xs = quantize_per_token(x)
+    (contiguous), the layout _int_mm reads fastest for small M. ``x`` may have leading dims."""
+    lead = x.shape[:-1]
+    xq, xs = quantize_per_token(x.reshape(-1, x.shape[-1]))
     acc = torch._int_mm(xq, qweight_t)
     y = acc.float() * xs[:, None] * w_scale[None, :]
     if bias is not None:
         y = y + bias.float()
-    return y.to(x.dtype)
+    return y.to(x.dtype).reshape(*lead, qweight_t.shape[1])
+
+
+@dataclass(frozen=True)
+class Int8Linear:
+    """One implementation of ``w8a8_linear`` and the weight layout it reads.
+
+    ``pack(qweight [N, K] int8) -> packed`` (once, at load); ``unpack(packed, n, k) -> [N, K]``
+    (e.g. for saving); ``self(x, packed, w_scale, bias)`` is the W8A8 linear;
+    ``acc(xq [M, K] int8, packed, n) -> int32 [M, N]`` the exact accumulator (tests).
+    """
+
+    impl: str
+    pack: Callable[[torch.Tensor], torch.Tensor]
+    unpack: Callable[[torch.Tensor, int, int], torch.Tensor]
+    forward: Callable[..., torch.Tensor]
+    acc: Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
+
+    def __call__(self, x: torch.Tensor, packed: torch.Tensor, w_scale: torch.Tensor,
+                 bias: torch.Tensor | None = None) -> torch.Tensor:
+        return self.forward(x, packed, w_scale, bias)
+
+
+def _pack_t(qweight: torch.Tensor) -> torch.Tensor:
+    return qweight.t().contiguous()
+
+
+def _unpack_t(packed: torch.Tensor, n: int, k: int) -> torch.Tensor:
+    return packed.t().contiguous()
+
+
+def _acc_torch(xq: torch.Tensor, packed: torch.Tensor, n: int) -> torch.Tensor:
+    return torch._int_mm(xq, packed)
+
+
+def _pack_ref(qweight: torch.Tensor) -> torch.Tensor:
+    return qweight.contiguous()
+
+
+def _unpack_ref(packed: torch.Tensor, n: int, k: int) -> torch.Tensor:
+    return packed
+
+
+def _acc_ref(xq: torch.Tensor, packed: torch.Tensor, n: int) -> torch.Tensor:
+    return (xq.long() @ packed.long().t()).to(torch.int32)
+
+
+TORCH_NATIVE_W8A8 = Int8Linear("torch-native", _pack_t, _unpack_t, w8a8_linear_torch, _acc_torch)
+REFERENCE_W8A8 = Int8Linear("reference", _pack_ref, _unpack_ref, w8a8_linear_reference, _acc_ref)

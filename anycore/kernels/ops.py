@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 
 from anycore.kernels import torch_native
 
-OP_NAMES = ("rms_norm", "add_rms_norm", "apply_rotary", "silu_and_mul", "paged_attention", "linear")
+OP_NAMES = ("rms_norm", "add_rms_norm", "apply_rotary", "silu_and_mul", "paged_attention", "linear",
+            "w8a8_linear")
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,9 @@ class KernelOps:
     paged_attention: Callable
     # linear(x, weight, bias=None) with F.linear's semantics (native only for bf16 decode GEMV)
     linear: Callable = torch_native.linear
+    # w8a8_linear(x, packed, w_scale, bias=None), an ``Int8Linear``: its ``pack(qweight [N, K])``
+    # makes ``packed`` once at load in the implementation's own layout (anycore.kernels.int8)
+    w8a8_linear: Callable = torch_native.w8a8_linear
     # op name -> human-readable implementation name (for logs and `anycore doctor`)
     choices: dict[str, str] = field(default_factory=dict)
     # op name -> why that implementation was chosen (see anycore.platform.selection)
@@ -41,5 +45,6 @@ def torch_native_ops() -> KernelOps:
         silu_and_mul=torch_native.silu_and_mul,
         paged_attention=torch_native.paged_attention,
         linear=torch_native.linear,
+        w8a8_linear=torch_native.w8a8_linear,
         choices={name: "torch-native" for name in OP_NAMES},
     )

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import torch
 
+from anycore.kernels.int8 import REFERENCE_W8A8 as w8a8_linear  # noqa: F401  (W8A8 INT8 oracle)
+
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm computed in fp32, cast back to the input dtype before the weight (as HF Llama)."""

@@ -9,9 +9,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from anycore.kernels.int8 import TORCH_NATIVE_W8A8 as w8a8_linear
 from anycore.kernels.reference import add_rms_norm, apply_rotary, rms_norm, silu_and_mul
 
-__all__ = ["rms_norm", "add_rms_norm", "apply_rotary", "silu_and_mul", "paged_attention", "linear"]
+__all__ = ["rms_norm", "add_rms_norm", "apply_rotary", "silu_and_mul", "paged_attention", "linear", "w8a8_linear"]
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -61,6 +61,7 @@ class Linear(nn.Module):
             nn.Parameter(torch.zeros(self.out_features, dtype=dtype), requires_grad=False) if bias else None
         )
         self.matmul = ops.linear if ops is not None else F.linear
+        self.kernels = ops  # the table quantized methods pick their kernel from (None: torch-native)
         self.method: LinearMethod = method or UnquantizedLinearMethod()
         self.method.create_weights(self, dtype)
 

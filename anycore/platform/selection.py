@@ -19,14 +19,18 @@ from dataclasses import dataclass
 
 from anycore.platform.features import CpuFeatures
 
-OPS = ("rms_norm", "add_rms_norm", "apply_rotary", "silu_and_mul", "paged_attention", "linear")
+OPS = ("rms_norm", "add_rms_norm", "apply_rotary", "silu_and_mul", "paged_attention", "linear", "w8a8_linear")
 # ops every architecture has a native variant of; `linear` is x86-only (see VARIANTS)
 CORE_OPS = OPS[:5]
+_LINEAR_OPS = CORE_OPS + ("linear",)
 TORCH_NATIVE = "torch-native"
 REFERENCE = "reference"
 ENV_OVERRIDE = "ANYCORE_KERNELS"
 # `linear` (bf16 GEMV for one-token decode) exists only in the AVX-512 variants: measured faster
 # than torch's F.linear there for M=1 bf16 only; everywhere else torch-native (F.linear) replaces it.
+# `w8a8_linear` (W8A8 INT8 GEMM/GEMV, weight pre-packed per variant) runs on the int8 dot-product
+# variants (avx512_vnni: VPDPBUSD; dotprod: SDOT; i8mm: SMMLA) and on generic C++ elsewhere;
+# without the extension torch-native (torch._int_mm) replaces it.
 
 
 @dataclass(frozen=True)
@@ -45,26 +49,29 @@ _X86_AVX2 = ("-mavx2", "-mfma", "-mf16c")
 _X86_AVX512 = _X86_AVX2 + ("-mavx512f", "-mavx512bw", "-mavx512vl")
 
 VARIANTS: tuple[Variant, ...] = (
-    Variant("generic", "any", (), 0, "generic/generic.cpp", (), CORE_OPS,
+    Variant("generic", "any", (), 0, "generic/generic.cpp", (), CORE_OPS + ("w8a8_linear",),
             "portable C++ at the architecture's baseline ISA"),
     # x86-64
     Variant("avx2", "x86_64", ("avx2", "fma", "f16c"), 10, "x86/avx2.cpp", _X86_AVX2, CORE_OPS,
             "AVX2+FMA intrinsics"),
     Variant("avx512", "x86_64", ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl"), 20,
-            "x86/avx512.cpp", _X86_AVX512, OPS, "AVX-512 intrinsics, bf16 converted in software"),
+            "x86/avx512.cpp", _X86_AVX512, _LINEAR_OPS, "AVX-512 intrinsics, bf16 converted in software"),
+    Variant("avx512_vnni", "x86_64", ("avx512f", "avx512bw", "avx512vl", "avx512_vnni"), 25,
+            "x86/avx512_vnni.cpp", _X86_AVX512 + ("-mavx512vnni",), ("w8a8_linear",),
+            "VPDPBUSD int8 GEMM/GEMV (u8 activations + 128, column-sum correction)"),
     Variant("avx512_bf16", "x86_64",
             ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx512_vnni"), 30,
-            "x86/avx512_bf16.cpp", _X86_AVX512 + ("-mavx512bf16", "-mavx512vnni"), OPS,
+            "x86/avx512_bf16.cpp", _X86_AVX512 + ("-mavx512bf16", "-mavx512vnni"), _LINEAR_OPS,
             "AVX-512 with native bf16 conversion and VDPBF16PS dot products"),
     Variant("amx", "x86_64", ("amx_tile", "amx_bf16", "amx_int8"), 40,
             note="reserved for bf16/int8 GEMM; none of the current ops uses AMX"),
     # aarch64
     Variant("neon", "aarch64", ("asimd",), 10, "aarch64/neon.cpp", ("-march=armv8-a",), CORE_OPS,
             "Advanced SIMD intrinsics"),
-    Variant("dotprod", "aarch64", ("asimd", "asimddp"), 15,
-            note="reserved for int8 GEMM (SDOT); -march=armv8.2-a+dotprod"),
-    Variant("i8mm", "aarch64", ("asimd", "i8mm"), 16,
-            note="reserved for int8 GEMM (SMMLA); -march=armv8.6-a+i8mm"),
+    Variant("dotprod", "aarch64", ("asimd", "asimddp"), 15, "aarch64/dotprod.cpp",
+            ("-march=armv8.2-a+dotprod",), ("w8a8_linear",), "SDOT int8 GEMM/GEMV"),
+    Variant("i8mm", "aarch64", ("asimd", "i8mm"), 16, "aarch64/i8mm.cpp",
+            ("-march=armv8.2-a+i8mm",), ("w8a8_linear",), "SMMLA int8 GEMM/GEMV (2x8 blocks)"),
     Variant("sve", "aarch64", ("sve",), 20, "aarch64/sve.cpp", ("-march=armv8.2-a+sve",),
             ("rms_norm", "add_rms_norm", "apply_rotary", "silu_and_mul"),
             "vector-length-agnostic SVE; paged_attention stays on neon"),

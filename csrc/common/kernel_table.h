@@ -46,6 +46,34 @@ using AttnFn = void (*)(const AttnArgs& args);
 using LinearFn = void (*)(void* out, const void* x, int64_t x_stride, const void* w, const void* bias,
                           int64_t m, int64_t n, int64_t k);
 
+// W8A8 INT8 linear (see anycore/kernels/int8.py for the scheme). Each variant owns the layout of
+// its packed weight (pack/unpack/packed_bytes) and of the quantized activations in `workspace`
+// (workspace_bytes); ops.cpp only moves bytes. Element types: kInt8Fp32/kInt8Bf16 for float
+// activations/outputs; x_type kInt8Raw means x is already int8 [m, k] (scales unused) and
+// out_type kInt8Acc writes the exact int32 accumulator [m, n] (tests' debug entry).
+enum Int8Type : int { kInt8Fp32 = 0, kInt8Bf16 = 1, kInt8Raw = 2, kInt8Acc = 2 };
+
+struct W8A8Args {
+  const void* x;         // [m, k], row stride x_stride (elements), type x_type
+  int64_t x_stride;
+  int x_type;
+  const void* w;         // packed weight (this variant's layout)
+  const float* w_scale;  // [n]
+  const float* bias;     // [n] fp32 or null
+  void* out;             // [m, n] contiguous, type out_type
+  int out_type;
+  int64_t m, n, k;
+  void* workspace;       // workspace_bytes(m, k) bytes, 64-byte aligned
+};
+
+struct Int8Kernels {
+  int64_t (*packed_bytes)(int64_t n, int64_t k);
+  void (*pack)(void* dst, const int8_t* w, int64_t n, int64_t k);  // w: int8 [n, k] row-major
+  void (*unpack)(int8_t* w, const void* src, int64_t n, int64_t k);
+  int64_t (*workspace_bytes)(int64_t m, int64_t k);
+  void (*w8a8_linear)(const W8A8Args& args);
+};
+
 struct KernelTable {
   const char* name;
   RmsNormFn rms_norm[2];
@@ -54,6 +82,7 @@ struct KernelTable {
   SiluMulFn silu_and_mul[2];
   AttnFn paged_attention[2];  // null entries fall back to the generic variant
   LinearFn linear[2];
+  Int8Kernels int8;  // all null: the variant has no int8 kernels (ops.cpp then uses generic's)
 };
 
 // Attention scratch limits shared by the work splitter and the kernels.

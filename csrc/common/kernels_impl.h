@@ -434,7 +434,7 @@ void paged_attention_kernel(const AttnArgs& a) {
 }  // namespace anycore
 
 // Defines the variant's exported table: the only external symbol of an ISA translation unit.
-#define ANYCORE_DEFINE_TABLE(NAME, V)                                                            \
+#define ANYCORE_DEFINE_TABLE(NAME, V, ...)                                                          \
   namespace anycore {                                                                           \
   extern const KernelTable kTable_##NAME;                                                       \
   const KernelTable kTable_##NAME = {                                                           \
@@ -445,5 +445,6 @@ void paged_attention_kernel(const AttnArgs& a) {
       {&silu_and_mul_kernel<V, float>, &silu_and_mul_kernel<V, bf16>},                          \
       {&paged_attention_kernel<V, float>, &paged_attention_kernel<V, bf16>},                    \
       {&linear_kernel<V, float>, &linear_kernel<V, bf16>},                                      \
+      __VA_ARGS__ /* optional Int8Kernels (see int8_impl.h) */                                  \
   };                                                                                            \
   }

@@ -204,6 +204,92 @@ at::Tensor linear(const at::Tensor& x_in, const at::Tensor& w, const std::option
   return out.view(shape);
 }
 
+// W8A8 INT8: a variant without int8 kernels packs and runs with generic's (layouts differ per
+// variant, so a packed weight must always go back to the variant that packed it).
+const Int8Kernels& int8_table(int64_t impl) {
+  const KernelTable& t = table(impl);
+  return t.int8.w8a8_linear ? t.int8 : kTables[0]->int8;
+}
+
+at::Tensor int8_pack(const at::Tensor& qweight, int64_t impl) {
+  TORCH_CHECK(qweight.device().is_cpu() && qweight.dim() == 2 && qweight.scalar_type() == at::kChar,
+              "qweight must be an int8 [N, K] CPU tensor");
+  const int64_t n = qweight.size(0), k = qweight.size(1);
+  TORCH_CHECK(n > 0 && k > 0, "qweight must not be empty");
+  const Int8Kernels& t = int8_table(impl);
+  at::Tensor w = qweight.contiguous();
+  at::Tensor out = at::empty({t.packed_bytes(n, k)}, w.options());
+  t.pack(out.data_ptr(), w.data_ptr<int8_t>(), n, k);
+  return out;
+}
+
+void check_packed(const Int8Kernels& t, const at::Tensor& packed, int64_t n, int64_t k) {
+  TORCH_CHECK(packed.device().is_cpu() && packed.scalar_type() == at::kChar && packed.is_contiguous() &&
+                  packed.numel() == t.packed_bytes(n, k),
+              "packed int8 weight does not match this variant's layout for [", n, ", ", k, "]");
+}
+
+at::Tensor int8_unpack(const at::Tensor& packed, int64_t n, int64_t k, int64_t impl) {
+  const Int8Kernels& t = int8_table(impl);
+  check_packed(t, packed, n, k);
+  at::Tensor out = at::empty({n, k}, packed.options());
+  t.unpack(out.data_ptr<int8_t>(), packed.data_ptr(), n, k);
+  return out;
+}
+
+at::Tensor run_w8a8(const at::Tensor& x, int x_type, const at::Tensor& packed, const at::Tensor& w_scale,
+                    const std::optional<at::Tensor>& bias, int64_t n, at::ScalarType out_dtype, int out_type,
+                    int64_t impl) {
+  const Int8Kernels& t = int8_table(impl);
+  const int64_t m = x.size(0), k = x.size(1);
+  TORCH_CHECK(k > 0 && n > 0, "w8a8_linear: empty K or N");
+  check_packed(t, packed, n, k);
+  at::Tensor ws, bc;
+  W8A8Args a{};
+  if (out_type != kInt8Acc) {
+    ws = w_scale.to(at::kFloat).contiguous();
+    TORCH_CHECK(ws.numel() == n, "w_scale must be [N]");
+    a.w_scale = ws.data_ptr<float>();
+    if (bias.has_value() && bias->defined()) {
+      bc = bias->to(at::kFloat).contiguous();
+      TORCH_CHECK(bc.numel() == n, "bias must be [N]");
+      a.bias = bc.data_ptr<float>();
+    }
+  }
+  at::Tensor out = at::empty({m, n}, x.options().dtype(out_dtype));
+  if (m == 0) return out;
+  at::Tensor work = at::empty({t.workspace_bytes(m, k)}, x.options().dtype(at::kByte));
+  a.x = x.data_ptr();
+  a.x_stride = x.stride(0);
+  a.x_type = x_type;
+  a.w = packed.data_ptr();
+  a.out = out.data_ptr();
+  a.out_type = out_type;
+  a.m = m, a.n = n, a.k = k;
+  a.workspace = work.data_ptr();
+  t.w8a8_linear(a);
+  return out;
+}
+
+// y = (quantize_per_token(x) @ W^T) * x_scale * w_scale (+ bias), W packed by int8_pack.
+at::Tensor w8a8_linear(const at::Tensor& x_in, const at::Tensor& packed, const at::Tensor& w_scale,
+                       const std::optional<at::Tensor>& bias, int64_t impl) {
+  const int dt = dtype_index(x_in);
+  at::Tensor x = as_rows(x_in);
+  at::Tensor out = run_w8a8(x, dt == 0 ? kInt8Fp32 : kInt8Bf16, packed, w_scale, bias, w_scale.numel(),
+                            x.scalar_type(), dt == 0 ? kInt8Fp32 : kInt8Bf16, impl);
+  std::vector<int64_t> shape(x_in.sizes().begin(), x_in.sizes().end());
+  shape.back() = out.size(1);
+  return out.view(shape);
+}
+
+// Debug/test entry: the exact int32 accumulator xq [M, K] int8 @ W^T for a packed W [n, K].
+at::Tensor w8a8_int8_acc(const at::Tensor& xq, const at::Tensor& packed, int64_t n, int64_t impl) {
+  TORCH_CHECK(xq.device().is_cpu() && xq.dim() == 2 && xq.scalar_type() == at::kChar, "xq must be int8 [M, K]");
+  at::Tensor x = xq.contiguous();
+  return run_w8a8(x, kInt8Raw, packed, at::Tensor(), std::nullopt, n, at::kInt, kInt8Acc, impl);
+}
+
 std::vector<std::string> variants() {
   std::vector<std::string> names;
   for (const KernelTable* t : kTables) names.emplace_back(t->name);
@@ -223,6 +309,10 @@ TORCH_LIBRARY(anycore, m) {
   m.def("paged_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor q_start_loc, Tensor seq_lens, "
         "Tensor slot_table, float scale, int impl, int splits=0) -> Tensor",
         &paged_attention);
+  m.def("int8_pack(Tensor qweight, int impl) -> Tensor", &int8_pack);
+  m.def("int8_unpack(Tensor packed, int n, int k, int impl) -> Tensor", &int8_unpack);
+  m.def("w8a8_linear(Tensor x, Tensor packed, Tensor w_scale, Tensor? bias, int impl) -> Tensor", &w8a8_linear);
+  m.def("w8a8_int8_acc(Tensor xq, Tensor packed, int n, int impl) -> Tensor", &w8a8_int8_acc);
 }
 
 }  // namespace anycore
