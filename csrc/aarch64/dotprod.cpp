@@ -1,0 +1,63 @@
+// Armv8.2 dot-product variant: the W8A8 INT8 linear on SDOT (needs asimddp; Neoverse N1 and
+// later, Apple M1, Cortex-A55/A76+). Other ops are null here: selection keeps them on neon/sve.
+// Activations and weights are both signed int8, so SDOT gives the exact accumulator directly.
+#include <arm_neon.h>
+
+#include "../common/int8_impl.h"
+
+namespace anycore {
+namespace {
+
+// 4 rows x 16 columns: 16 accumulators (4 columns each) + 4 activation + 4 weight registers.
+// Weight groups are [16 columns][4 K] (64 bytes = 4 registers); one 16-byte activation load per
+// row covers 4 groups, SDOT's lane index picking the group.
+struct DotprodMicro {
+  static constexpr int kGroup = 4, kKAlign = 16, kActOffset = 0, kMR = 4, kNP = 1;
+  static constexpr bool kColSums = false, kActPairs = false;
+
+  template <int R, int P>
+  static void tile(const int8_t* a, int64_t kp, const int8_t* w, int64_t /*ps*/, int32_t* c) {
+    static_assert(P == 1, "one panel per tile");
+    int32x4_t acc[R][4];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+      for (int q = 0; q < 4; ++q) acc[r][q] = vdupq_n_s32(0);
+    for (int64_t kk = 0; kk < kp; kk += 16) {
+      int8x16_t av[R];
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) av[r] = vld1q_s8(a + r * kp + kk);
+      const int8_t* wg = w + kk * kI8Panel;  // 4 groups of 64 bytes
+#define ANYCORE_SDOT_GROUP(L)                                                        \
+  {                                                                                  \
+    const int8x16_t w0 = vld1q_s8(wg + (L) * 64), w1 = vld1q_s8(wg + (L) * 64 + 16); \
+    const int8x16_t w2 = vld1q_s8(wg + (L) * 64 + 32), w3 = vld1q_s8(wg + (L) * 64 + 48); \
+    for (int r = 0; r < R; ++r) {                                                    \
+      acc[r][0] = vdotq_laneq_s32(acc[r][0], w0, av[r], L);                          \
+      acc[r][1] = vdotq_laneq_s32(acc[r][1], w1, av[r], L);                          \
+      acc[r][2] = vdotq_laneq_s32(acc[r][2], w2, av[r], L);                          \
+      acc[r][3] = vdotq_laneq_s32(acc[r][3], w3, av[r], L);                          \
+    }                                                                                \
+  }
+      ANYCORE_SDOT_GROUP(0)
+      ANYCORE_SDOT_GROUP(1)
+      ANYCORE_SDOT_GROUP(2)
+      ANYCORE_SDOT_GROUP(3)
+#undef ANYCORE_SDOT_GROUP
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+      for (int q = 0; q < 4; ++q) vst1q_s32(c + r * kI8Panel + 4 * q, acc[r][q]);
+  }
+};
+
+}  // namespace
+
+extern const KernelTable kTable_dotprod;
+const KernelTable kTable_dotprod = {
+    "dotprod", {nullptr, nullptr}, {nullptr, nullptr}, {nullptr, nullptr}, {nullptr, nullptr},
+    {nullptr, nullptr}, {nullptr, nullptr}, ANYCORE_INT8_KERNELS(DotprodMicro),
+};
+
+}  // namespace anycore
