@@ -81,10 +81,18 @@ die() {
 trap 'rc=$?; printf "\n[arm64-lane] ERROR in step \"%s\": command failed (exit %s) at line %s: %s\n" "$STEP" "$rc" "$LINENO" "$BASH_COMMAND" >&2' ERR
 
 # sha256 of the arguments' contents (files) or literal strings; the short form keys cache dirs.
+# A file is named by its path in the checkout (its basename elsewhere, e.g. in a temp folder).
 key_of() {
-  local item
+  local item name
   for item in "$@"; do
-    if [[ -f "$item" ]]; then printf 'file %s\n' "${item#"$REPO"/}"; cat "$item"; else printf 'str %s\n' "$item"; fi
+    if [[ -f "$item" ]]; then
+      name="${item#"$REPO"/}"
+      [[ "$name" != /* ]] || name="$(basename "$item")"
+      printf 'file %s\n' "$name"
+      cat "$item"
+    else
+      printf 'str %s\n' "$item"
+    fi
   done | sha256sum | cut -c1-16
 }
 # Shows the end of a pip log on failure, then fails (for `cmd || pip_failed LOG || die ...`).
@@ -261,7 +269,7 @@ else
     cat "$EXT_DIR.tmp/build.log"
     if [[ $rc -ne 0 ]] || ! find "$EXT_DIR.tmp" -name '*.so' | grep -q .; then
       die "the aarch64 build of the C++ extension FAILED (exit $rc); log: $EXT_DIR.tmp/build.log" \
-        "a shared (common/ or generic/) file probably uses an x86-only header or intrinsic"
+        "a compiler error in csrc/common or csrc/generic usually means an x86-only header or intrinsic outside csrc/x86; an ImportError means the anycore package itself does not import"
     fi
     touch "$EXT_DIR.tmp/.complete"
     rm -rf "$EXT_DIR"
