@@ -23,8 +23,9 @@ class PagedAttention(nn.Module):
         t = q.shape[0]
         k_cache = batch.k_cache[self.layer_idx]
         v_cache = batch.v_cache[self.layer_idx]
-        k_cache[batch.slot_mapping] = k.view(t, self.num_kv_heads, self.head_dim)
-        v_cache[batch.slot_mapping] = v.view(t, self.num_kv_heads, self.head_dim)
+        # index_copy_ is a single fused scatter (cheaper than advanced-index assignment)
+        k_cache.index_copy_(0, batch.slot_mapping, k.reshape(t, self.num_kv_heads, self.head_dim))
+        v_cache.index_copy_(0, batch.slot_mapping, v.reshape(t, self.num_kv_heads, self.head_dim))
         out = self.ops.paged_attention(
             q.view(t, self.num_heads, self.head_dim),
             k_cache,
