@@ -63,8 +63,9 @@ VARIANTS: tuple[Variant, ...] = (
             ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx512_vnni"), 30,
             "x86/avx512_bf16.cpp", _X86_AVX512 + ("-mavx512bf16", "-mavx512vnni"), _LINEAR_OPS,
             "AVX-512 with native bf16 conversion and VDPBF16PS dot products"),
-    Variant("amx", "x86_64", ("amx_tile", "amx_bf16", "amx_int8"), 40,
-            note="reserved for bf16/int8 GEMM; none of the current ops uses AMX"),
+    Variant("amx", "x86_64", ("avx512f", "avx512bw", "avx512vl", "avx512_vnni", "amx_tile", "amx_int8"), 40,
+            "x86/amx.cpp", _X86_AVX512 + ("-mavx512vnni", "-mamx-tile", "-mamx-int8"), ("w8a8_linear",),
+            "AMX-INT8 TDPBUSD tiles for M >= 32, VPDPBUSD below (same packed layout)"),
     # aarch64
     Variant("neon", "aarch64", ("asimd",), 10, "aarch64/neon.cpp", ("-march=armv8-a",), CORE_OPS,
             "Advanced SIMD intrinsics"),

@@ -17,6 +17,7 @@ namespace {
 struct I8mmMicro {
   static constexpr int kGroup = 8, kKAlign = 8, kActOffset = 0, kMR = 4, kNP = 1;
   static constexpr bool kColSums = false, kActPairs = true;
+  static constexpr int kRowAlign = 2;
 
   template <int R, int P>
   static void tile(const int8_t* a, int64_t kp, const int8_t* w, int64_t /*ps*/, int32_t* c) {

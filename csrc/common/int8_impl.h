@@ -57,7 +57,8 @@ struct I8Layout {
   static int64_t packed_bytes(int64_t n, int64_t k) { return weight_bytes(n, k) + (M::kColSums ? 4 * np(n) : 0); }
   // first byte of column n's group holding k = 0 (the next group is 16 * G bytes further)
   static int64_t col_base(int64_t n, int64_t kp) { return (n / kI8Panel) * kI8Panel * kp + (n % kI8Panel) * M::kGroup; }
-  static int64_t act_rows(int64_t m) { return M::kActPairs ? i8_round_up(m, 2) : m; }
+  // activation rows in the workspace: M::kRowAlign pads them (2 for SMMLA pairs, AMX tiles)
+  static int64_t act_rows(int64_t m) { return i8_round_up(m, M::kRowAlign); }
   static int64_t act_bytes(int64_t m, int64_t k) { return i8_round_up(act_rows(m) * kp(k), 64); }
   // where row r's element 0 is, and how far apart its chunks of `chunk` elements are
   static int64_t act_row_base(int64_t r, int64_t kp) { return M::kActPairs ? (r / 2) * 2 * kp + (r % 2) * 8 : r * kp; }
@@ -190,15 +191,19 @@ void i8_epilogue(const W8A8Args& a, const int32_t* c, int64_t ldc, int64_t m0, i
   }
 }
 
+// The workspace: quantized activation rows first, then the fp32 row scales.
 template <class M>
-void w8a8_linear_impl(const W8A8Args& a) {
-  using L = I8Layout<M>;
-  const int64_t m = a.m, n = a.n, k = a.k, kp = L::kp(k);
-  int8_t* act = static_cast<int8_t*>(a.workspace);
-  float* xs = reinterpret_cast<float*>(act + L::act_bytes(m, k));
-  const int8_t* w = static_cast<const int8_t*>(a.w);
-  const int32_t* colsum = reinterpret_cast<const int32_t*>(w + L::weight_bytes(n, k));
+float* i8_row_scales(const W8A8Args& a) {
+  return reinterpret_cast<float*>(static_cast<int8_t*>(a.workspace) + I8Layout<M>::act_bytes(a.m, a.k));
+}
 
+// Quantizes (or copies, for raw int8 input) every row into the workspace, padding rows included.
+template <class M>
+void i8_quantize_rows(const W8A8Args& a) {
+  using L = I8Layout<M>;
+  const int64_t m = a.m, k = a.k, kp = L::kp(k);
+  int8_t* act = static_cast<int8_t*>(a.workspace);
+  float* xs = i8_row_scales<M>(a);
   parallel_for(m, 1 + 32768 / kp, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       int8_t* dst = act + L::act_row_base(r, kp);
@@ -212,29 +217,56 @@ void w8a8_linear_impl(const W8A8Args& a) {
       }
     }
   });
-  if (L::act_rows(m) > m) copy_row<M>(act + L::act_row_base(m, kp), nullptr, 0, kp);
+  for (int64_t r = m; r < L::act_rows(m); ++r) copy_row<M>(act + L::act_row_base(r, kp), nullptr, 0, kp);
+}
 
-  // Tiles of kMR rows x (kNP * 16) columns. Work items are (column block, run of row blocks),
-  // column-block major, so a thread's contiguous share reuses one weight block across rows.
-  constexpr int64_t NB = M::kNP * kI8Panel;
-  const int64_t nblocks = (n + NB - 1) / NB, mblocks = (m + M::kMR - 1) / M::kMR;
+// Work items for tiles of `mr` rows x `nb` columns: (column block, run of row blocks), column
+// block major, so a thread's contiguous share reuses one weight block across rows.
+struct I8Work {
+  int64_t nblocks, mblocks, mc, grain;
+};
+inline I8Work i8_work(int64_t m, int64_t n, int64_t kp, int64_t mr, int64_t nb) {
+  I8Work w{};
+  w.nblocks = (n + nb - 1) / nb;
+  w.mblocks = (m + mr - 1) / mr;
   const int64_t threads = omp_in_parallel() ? 1 : omp_get_max_threads();
-  const int64_t mc = i8_max(1, i8_min(mblocks, (4 * threads + nblocks - 1) / nblocks));
-  const int64_t item_macs = NB * kp * ((mblocks + mc - 1) / mc) * M::kMR;
-  parallel_for(nblocks * mc, 1 + (int64_t{1} << 17) / item_macs, [&](int64_t i0, int64_t i1) {
+  w.mc = i8_max(1, i8_min(w.mblocks, (4 * threads + w.nblocks - 1) / w.nblocks));
+  const int64_t item_macs = nb * kp * i8_min(m, ((w.mblocks + w.mc - 1) / w.mc) * mr);
+  w.grain = 1 + (int64_t{1} << 17) / (item_macs > 0 ? item_macs : 1);
+  return w;
+}
+
+// The int32 tiles with micro-kernel M and the epilogue, on activations already in the workspace.
+template <class M>
+void i8_gemm(const W8A8Args& a) {
+  using L = I8Layout<M>;
+  const int64_t m = a.m, n = a.n, kp = L::kp(a.k);
+  const int8_t* act = static_cast<const int8_t*>(a.workspace);
+  const float* xs = i8_row_scales<M>(a);
+  const int8_t* w = static_cast<const int8_t*>(a.w);
+  const int32_t* colsum = reinterpret_cast<const int32_t*>(w + L::weight_bytes(n, a.k));
+  constexpr int64_t NB = M::kNP * kI8Panel;
+  const I8Work wk = i8_work(m, n, kp, M::kMR, NB);
+  parallel_for(wk.nblocks * wk.mc, wk.grain, [&](int64_t i0, int64_t i1) {
     alignas(64) int32_t c[M::kMR * NB];
     for (int64_t it = i0; it < i1; ++it) {
-      const int64_t nb = it / mc, mk = it % mc;
+      const int64_t nb = it / wk.mc, mk = it % wk.mc;
       const int64_t n0 = nb * NB, cols = i8_min(NB, n - n0);
       const int panels = static_cast<int>((cols + kI8Panel - 1) / kI8Panel);
       const int8_t* wb = w + (n0 / kI8Panel) * kI8Panel * kp;
-      for (int64_t mb = mk * mblocks / mc; mb < (mk + 1) * mblocks / mc; ++mb) {
+      for (int64_t mb = mk * wk.mblocks / wk.mc; mb < (mk + 1) * wk.mblocks / wk.mc; ++mb) {
         const int64_t m0 = mb * M::kMR, rows = i8_min(M::kMR, m - m0);
         i8_tile<M>(static_cast<int>(rows), panels, act + m0 * kp, kp, wb, kI8Panel * kp, c);
         i8_epilogue<M>(a, c, NB, m0, rows, n0, cols, colsum, xs);
       }
     }
   });
+}
+
+template <class M>
+void w8a8_linear_impl(const W8A8Args& a) {
+  i8_quantize_rows<M>(a);
+  i8_gemm<M>(a);
 }
 
 }  // namespace

@@ -11,6 +11,7 @@ namespace {
 struct GenericI8Micro {
   static constexpr int kGroup = 1, kKAlign = 1, kActOffset = 0, kMR = 4, kNP = 1;
   static constexpr bool kColSums = false, kActPairs = false;
+  static constexpr int kRowAlign = 1;
 
   template <int R, int P>
   static void tile(const int8_t* a, int64_t kp, const int8_t* w, int64_t /*ps*/, int32_t* c) {

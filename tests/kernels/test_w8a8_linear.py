@@ -129,4 +129,4 @@ def test_wrong_packed_weight_is_refused(kernel, impl):
     with pytest.raises(RuntimeError, match="packed int8 weight"):
         kernel(torch.randn(1, 64), packed[:-16], ws)
     with pytest.raises(RuntimeError, match="packed int8 weight"):
-        kernel(torch.randn(1, 60), packed, ws)
+        kernel(torch.randn(1, 200), packed, ws)  # another K: another packed size in every layout

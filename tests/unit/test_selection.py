@@ -16,7 +16,7 @@ ARM_DOTPROD = CpuFeatures("aarch64", ARM_NEON.flags | {"asimddp"})
 ARM_SVE_I8MM = CpuFeatures("aarch64", ARM_DOTPROD.flags | {"i8mm", "bf16", "sve", "sve2"}, sve_vector_bits=256)
 RISCV = CpuFeatures("riscv64", frozenset({"rv64imafdc"}))
 
-ALL_X86 = ("generic", "avx2", "avx512", "avx512_vnni", "avx512_bf16")
+ALL_X86 = ("generic", "avx2", "avx512", "avx512_vnni", "avx512_bf16", "amx")
 ALL_ARM = ("generic", "neon", "dotprod", "i8mm", "sve")
 
 
@@ -33,7 +33,7 @@ def _expect(op_impl: str, **per_op: str) -> dict[str, str]:
         (X86_AVX2, ALL_X86, _expect("avx2", linear="torch-native", w8a8_linear="generic")),
         (X86_AVX512, ALL_X86, _expect("avx512", w8a8_linear="generic")),
         (X86_AVX512_BF16, ALL_X86, _expect("avx512_bf16", w8a8_linear="avx512_vnni")),
-        (X86_AMX, ALL_X86, _expect("avx512_bf16", w8a8_linear="avx512_vnni")),
+        (X86_AMX, ALL_X86, _expect("avx512_bf16", w8a8_linear="amx")),
         (ARM_NEON, ALL_ARM, _expect("neon", linear="torch-native", w8a8_linear="generic")),
         (ARM_DOTPROD, ALL_ARM, _expect("neon", linear="torch-native", w8a8_linear="dotprod")),
         (ARM_SVE_I8MM, ALL_ARM, _expect("sve", paged_attention="neon", linear="torch-native", w8a8_linear="i8mm")),
@@ -88,11 +88,12 @@ def test_x86_only_op_is_replaced_elsewhere():
     "features, available, expected",
     [
         (X86_AVX512_BF16, ("generic", "avx2", "avx512", "avx512_bf16"), "generic"),  # built without vnni
+        (X86_AMX, ("generic", "avx2", "avx512", "avx512_vnni", "avx512_bf16"), "avx512_vnni"),  # no amx build
         (CpuFeatures("x86_64", X86_AVX512.flags | {"avx512_vnni"}), ALL_X86, "avx512_vnni"),  # Cascade Lake
         (ARM_SVE_I8MM, ("generic", "neon", "dotprod", "sve"), "dotprod"),
         (CpuFeatures("aarch64", ARM_NEON.flags | {"i8mm"}), ALL_ARM, "i8mm"),
     ],
-    ids=["vnni_not_built", "vnni_without_bf16", "i8mm_not_built", "i8mm_without_dotprod"],
+    ids=["vnni_not_built", "amx_not_built", "vnni_without_bf16", "i8mm_not_built", "i8mm_without_dotprod"],
 )
 def test_w8a8_linear_choice(features, available, expected):
     assert sel.select(features, available).impl("w8a8_linear") == expected
@@ -101,6 +102,7 @@ def test_w8a8_linear_choice(features, available, expected):
 def test_w8a8_linear_overrides_and_reasons():
     s = sel.select(X86_AMX, ALL_X86, "w8a8_linear=torch-native")
     assert s.impl("w8a8_linear") == "torch-native" and s.impl("rms_norm") == "avx512_bf16"
+    assert sel.select(X86_AMX, ALL_X86, "w8a8_linear=avx512_vnni").impl("w8a8_linear") == "avx512_vnni"
     s = sel.select(X86_AVX512, ALL_X86, "w8a8_linear=avx512_vnni")  # CPU lacks VNNI: refused
     assert s.impl("w8a8_linear") == "generic" and any("CPU lacks avx512_vnni" in w for w in s.warnings)
     s = sel.select(X86_AVX512_BF16, ALL_X86, "rms_norm=avx512_vnni")  # variant lacks the op: refused
