@@ -286,7 +286,8 @@ class Compare:
         if gguf.suffix != ".gguf":
             raise SystemExit("bench compare needs a GGUF model (llama.cpp peers read the same file)")
         torch.set_num_threads(self.threads)
-        self.log(f"model {gguf}, {self.threads} threads; other processes now: {top_other_processes()}")
+        self.busiest = busiest = top_other_processes()
+        self.log(f"model {gguf}, {self.threads} threads; busiest other processes now (cores): {busiest}")
         with LoadMonitor() as mon:
             bw = hardware.memory_bandwidth(self.threads, self.cache)
             peak = hardware.peak_gemm(self.threads)
@@ -301,13 +302,21 @@ class Compare:
         t0 = time.time()
         if any(w in self.workloads for w in ("decode", "prefill", "batch")):
             self.offline(gguf, limits)
+            self.checkpoint(self.result(gguf, t0, bw, peak, mon, flops_tok), partial=True)
         if any(w in self.workloads for w in ("serve", "prefix")):
             self.serve(gguf)
+        return self.result(gguf, t0, bw, peak, mon, flops_tok)
+
+    def checkpoint(self, result: dict[str, Any], partial: bool) -> None:
+        """Writes what is measured so far, so an interrupted long run still leaves its numbers."""
+        report.write_json({**result, "partial": partial}, self.out)
+
+    def result(self, gguf: Path, t0: float, bw: dict, peak: dict, mon: LoadMonitor, flops_tok: float) -> dict[str, Any]:
         report.add_ratios(self.measurements)
         return {
             "meta": {"started": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t0)), "seconds": time.time() - t0,
                      "cpu_model": hardware.cpu_model(), "machine": platform.machine(), "cpus": os.cpu_count(),
-                     "threads": self.threads, "model": str(gguf), "versions": versions(),
+                     "threads": self.threads, "model": str(gguf), "busiest_other_processes_at_start": self.busiest, "versions": versions(),
                      "repeats": self.args.repeats, "args": {k: v for k, v in vars(self.args).items() if k != "func"},
                      "noise_thresholds": {"other_cores": self.args.noise_cores, "cv": self.args.noise_cv}},
             "hardware": {"bandwidth": bw, "peak_gemm_tflops": peak, "load": mon.report.as_dict(),
