@@ -126,7 +126,10 @@ step_done
 # every artefact is built in a .tmp folder and renamed into place only once complete.
 mkdir -p "$CACHE" || die "cannot create the cache dir $CACHE" "set ANYCORE_ARM64_CACHE"
 exec 9>"$CACHE/.build.lock"
-flock 9
+if ! flock -n 9; then
+  log "another lane is building in $CACHE; waiting for its lock"
+  flock 9
+fi
 
 # ---------------------------------------------------------------------------------------------
 step "AArch64 sysroot (CPython 3.11 from Debian arm64 packages, private apt root)"
