@@ -31,6 +31,10 @@ ENV_OVERRIDE = "ANYCORE_KERNELS"
 # `w8a8_linear` (W8A8 INT8 GEMM/GEMV, weight pre-packed per variant) runs on the int8 dot-product
 # variants (avx512_vnni: VPDPBUSD; dotprod: SDOT; i8mm: SMMLA) and on generic C++ elsewhere;
 # without the extension torch-native (torch._int_mm) replaces it.
+# (op, arch) -> variants never picked automatically there (an override still can): measured
+# slower than torch-native. x86 generic int8 is baseline SSE2 C++ (no int8 dot product), some
+# 10-100x behind torch._int_mm's oneDNN kernels on the SmolLM2 shapes.
+AUTO_SKIP: Mapping[tuple[str, str], tuple[str, ...]] = {("w8a8_linear", "x86_64"): ("generic",)}
 
 
 @dataclass(frozen=True)
@@ -169,7 +173,9 @@ def _auto(op: str, features: CpuFeatures, avail, ext_error: str) -> Choice:
         (v for v in variants_for_arch(features.arch) if op in v.ops), key=lambda v: -v.rank
     )
     for v in candidates:
-        if not usable(v, features):
+        if v.name in AUTO_SKIP.get((op, features.arch), ()):
+            skipped.append(f"{v.name}: slower than {TORCH_NATIVE} for {op} on {features.arch}")
+        elif not usable(v, features):
             skipped.append(f"{v.name}: CPU lacks {','.join(features.missing(v.requires))}")
         elif avail is None:
             skipped.append(f"{v.name}: extension unavailable{f' ({ext_error})' if ext_error else ''}")

@@ -30,8 +30,8 @@ def _expect(op_impl: str, **per_op: str) -> dict[str, str]:
 @pytest.mark.parametrize(
     "features, available, expected",
     [
-        (X86_AVX2, ALL_X86, _expect("avx2", linear="torch-native", w8a8_linear="generic")),
-        (X86_AVX512, ALL_X86, _expect("avx512", w8a8_linear="generic")),
+        (X86_AVX2, ALL_X86, _expect("avx2", linear="torch-native", w8a8_linear="torch-native")),
+        (X86_AVX512, ALL_X86, _expect("avx512", w8a8_linear="torch-native")),
         (X86_AVX512_BF16, ALL_X86, _expect("avx512_bf16", w8a8_linear="avx512_vnni")),
         (X86_AMX, ALL_X86, _expect("avx512_bf16", w8a8_linear="amx")),
         (ARM_NEON, ALL_ARM, _expect("neon", linear="torch-native", w8a8_linear="generic")),
@@ -87,7 +87,7 @@ def test_x86_only_op_is_replaced_elsewhere():
 @pytest.mark.parametrize(
     "features, available, expected",
     [
-        (X86_AVX512_BF16, ("generic", "avx2", "avx512", "avx512_bf16"), "generic"),  # built without vnni
+        (X86_AVX512_BF16, ("generic", "avx2", "avx512", "avx512_bf16"), "torch-native"),  # built without vnni
         (X86_AMX, ("generic", "avx2", "avx512", "avx512_vnni", "avx512_bf16"), "avx512_vnni"),  # no amx build
         (CpuFeatures("x86_64", X86_AVX512.flags | {"avx512_vnni"}), ALL_X86, "avx512_vnni"),  # Cascade Lake
         (ARM_SVE_I8MM, ("generic", "neon", "dotprod", "sve"), "dotprod"),
@@ -104,7 +104,10 @@ def test_w8a8_linear_overrides_and_reasons():
     assert s.impl("w8a8_linear") == "torch-native" and s.impl("rms_norm") == "avx512_bf16"
     assert sel.select(X86_AMX, ALL_X86, "w8a8_linear=avx512_vnni").impl("w8a8_linear") == "avx512_vnni"
     s = sel.select(X86_AVX512, ALL_X86, "w8a8_linear=avx512_vnni")  # CPU lacks VNNI: refused
-    assert s.impl("w8a8_linear") == "generic" and any("CPU lacks avx512_vnni" in w for w in s.warnings)
+    assert s.impl("w8a8_linear") == "torch-native" and any("CPU lacks avx512_vnni" in w for w in s.warnings)
+    reason = next(c.reason for c in s.choices if c.op == "w8a8_linear")
+    assert "generic: slower than torch-native for w8a8_linear on x86_64" in reason
+    assert sel.select(X86_AVX2, ALL_X86, "w8a8_linear=generic").impl("w8a8_linear") == "generic"
     s = sel.select(X86_AVX512_BF16, ALL_X86, "rms_norm=avx512_vnni")  # variant lacks the op: refused
     assert s.impl("rms_norm") == "avx512_bf16" and any("does not implement rms_norm" in w for w in s.warnings)
     s = sel.select(ARM_DOTPROD, ALL_ARM)
