@@ -51,6 +51,17 @@ def ensure_llama_server(cache_dir: Path, build: bool = True, jobs: int | None = 
         return existing[-1]
     if not build:
         raise PeerUnavailable("llama-server not built (run without --no-build to build it, ~4+ minutes)")
+    import fcntl
+
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    with open(cache_dir / "llama-server.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # concurrent runs build once; the second finds the binary
+        if wanted is not None and wanted.exists():
+            return wanted
+        return _build_llama_server(cache_dir, version, jobs, log)
+
+
+def _build_llama_server(cache_dir: Path, version: str | None, jobs: int | None, log) -> Path:
     if not shutil.which("cmake"):
         raise PeerUnavailable("cmake not found; cannot build llama-server")
     src_dir = cache_dir / "src"
