@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -12,6 +13,7 @@ from anycore.layers.quant.compressed_tensors import method_of
 from anycore.quantize import save_quantized
 from tests.models.test_tiny_models import write_checkpoint
 
+WIKITEXT = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "wikitext-2-raw-test.txt"
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
 PROMPTS = [[5, 17, 33, 99, 4, 250, 7], list(range(10, 40))]
 
@@ -60,6 +62,6 @@ def test_default_model_w8a8_perplexity_close_to_bf16():
     ppl = {}
     for quant in (None, "w8a8_int8"):
         llm = LLM(dtype="bfloat16", quantization=quant, kv_cache_gb=0.1)
-        ids = tokenize_file(llm.engine, "../shared/data/wikitext-2-raw-test.txt", 4096)
+        ids = tokenize_file(llm.engine, str(WIKITEXT), 4096)
         ppl[quant] = perplexity(llm.engine, ids, ctx=512).perplexity
     assert abs(ppl["w8a8_int8"] / ppl[None] - 1) < 0.02, ppl
