@@ -207,7 +207,7 @@ PIP_EXTRA=()
 REQS="$(mktemp -d)"
 "$HOST_PY" "$HELPERS/requirements.py" lists "$REPO/pyproject.toml" "$TORCH_VERSION" "$REQS" ||
   die "could not derive requirements from pyproject.toml"
-WHEELS="$CACHE/wheels-$(key_of "wheels-v2" "$REQS/nodeps.txt" "$REQS/deps.txt" "$HELPERS/requirements.py")"
+WHEELS="$CACHE/wheels-$(key_of "wheels-v3" "$REQS/nodeps.txt" "$REQS/deps.txt" "$HELPERS/requirements.py")"
 if [[ -f "$WHEELS/.complete" ]]; then
   log "cached: $WHEELS"
 else
@@ -229,7 +229,9 @@ else
   # Byte-compile on the host (same .pyc format for every 3.11.x): saves minutes of emulated
   # compilation on the first run of every CPU model.
   if "$HOST_PY" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))'; then
-    "$HOST_PY" -m compileall -q -j 1 "$WHEELS.tmp" >/dev/null 2>&1 || log "warning: compileall reported errors (ignored)"
+    # -s/-p: the .pyc files name the final folder, so tracebacks can show library source lines
+    "$HOST_PY" -m compileall -q -j 1 -s "$WHEELS.tmp" -p "$WHEELS" "$WHEELS.tmp" >/dev/null 2>&1 ||
+      log "warning: compileall reported errors (ignored)"
   fi
   touch "$WHEELS.tmp/.complete"
   mv "$WHEELS.tmp" "$WHEELS"
