@@ -61,6 +61,9 @@ def add_compare_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--cache-dir", default=str(Path.home() / ".cache/anycore/peers"),
                    help="GGUF copies, the llama-server build, the bandwidth probe")
     g.add_argument("--no-build", action="store_true", help="never build llama-server; skip it when not cached")
+    g.add_argument("--llama-cmake-args", default="",
+                   help="extra CMake args for the llama-server build, e.g. '-DGGML_NATIVE=OFF -DGGML_AVX512=ON' "
+                        "where the native build uses instructions the machine traps (a VM advertising AMX)")
     g.add_argument("--settle", type=float, default=0.3, help="seconds of idle between measurements")
     g.add_argument("--noise-cores", type=float, default=0.15, help="flag a cell when others used more cores")
     g.add_argument("--noise-cv", type=float, default=0.10, help="flag a cell whose repeats spread more")
@@ -191,7 +194,8 @@ class Compare:
                 servers.append(ps.anycore_server(f"anycore-server {q}", str(gguf), self.threads, q, logs))
         if "llama-server" in self.peers:
             try:
-                exe = ps.ensure_llama_server(self.cache, build=not self.args.no_build, log=self.log)
+                exe = ps.ensure_llama_server(self.cache, build=not self.args.no_build, log=self.log,
+                                             extra_args=self.args.llama_cmake_args)
                 ver = ps.llama_server_version(exe)
                 for qt in _csv(self.args.server_gguf_types):
                     s = ps.llama_server(f"llama-server {qt}", exe, gguf_variant(gguf, qt, self.cache / "gguf"),

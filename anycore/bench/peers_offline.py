@@ -139,9 +139,33 @@ class _IdRng:
         return self._rng.randrange(1000, 10000)
 
 
+def probe_llama_cpp(path: Path, threads: int, timeout: float = 600.0) -> None:
+    """Loads ``path`` and evaluates a few tokens in a child process first: a llama.cpp build that
+    uses an instruction this machine traps (seen: AMX tiles advertised by a VM but not enabled)
+    dies with SIGILL, which in-process would take the whole benchmark down."""
+    import subprocess
+    import sys
+
+    code = ("import llama_cpp, sys; m = llama_cpp.Llama(model_path=sys.argv[1], n_threads=int(sys.argv[2]), "
+            "n_threads_batch=int(sys.argv[2]), n_ctx=256, verbose=False); m.eval(list(range(1000, 1040)))")
+    try:
+        r = subprocess.run([sys.executable, "-c", code, str(path), str(threads)], capture_output=True, text=True,
+                           timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise PeerUnavailable(f"llama.cpp probe on {path.name} timed out after {timeout:.0f}s") from None
+    if r.returncode < 0:
+        raise PeerUnavailable(
+            f"llama.cpp crashed on {path.name} (signal {-r.returncode}); a SIGILL (4) means the build uses CPU "
+            "instructions this machine traps - rebuild llama-cpp-python with explicit ISA flags, e.g. "
+            "CMAKE_ARGS='-DGGML_NATIVE=OFF -DGGML_AVX512=ON ...'")
+    if r.returncode != 0:
+        raise PeerUnavailable(f"llama.cpp probe failed on {path.name}: {r.stderr.strip()[-300:]}")
+
+
 class LlamaCppRunner(Runner):
     def __init__(self, name: str, path: Path, threads: int) -> None:
         llama_cpp = require("llama_cpp", "pip install -e .[bench]")
+        probe_llama_cpp(path, threads)
         import numpy as np
 
         self._np = np

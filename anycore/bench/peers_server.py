@@ -40,11 +40,24 @@ def _llama_cpp_python_version() -> str | None:
         return None
 
 
-def ensure_llama_server(cache_dir: Path, build: bool = True, jobs: int | None = None, log=print) -> Path:
-    """Path of a cached ``llama-server`` binary, building it when absent and ``build`` is set."""
+def _build_name(extra_args: str) -> str:
+    """Build folder per set of extra CMake arguments, so a changed flag never reuses a stale build."""
+    import hashlib
+
+    return "build" if not extra_args else "build-" + hashlib.sha1(extra_args.encode()).hexdigest()[:8]
+
+
+def ensure_llama_server(cache_dir: Path, build: bool = True, jobs: int | None = None, log=print,
+                        extra_args: str = "") -> Path:
+    """Path of a cached ``llama-server`` binary, building it when absent and ``build`` is set.
+
+    ``extra_args``: CMake arguments appended after the defaults (a later -D wins), e.g.
+    ``-DGGML_NATIVE=OFF -DGGML_AVX512=ON`` where the native build uses instructions the machine traps.
+    """
     version = _llama_cpp_python_version()
-    existing = sorted(cache_dir.glob("llama.cpp-*/build/bin/llama-server"))
-    wanted = cache_dir / f"llama.cpp-{version}/build/bin/llama-server" if version else None
+    bname = _build_name(extra_args)
+    existing = sorted(cache_dir.glob(f"llama.cpp-*/{bname}/bin/llama-server"))
+    wanted = cache_dir / f"llama.cpp-{version}/{bname}/bin/llama-server" if version else None
     if wanted is not None and wanted.exists():
         return wanted
     if wanted is None and existing:
@@ -58,10 +71,10 @@ def ensure_llama_server(cache_dir: Path, build: bool = True, jobs: int | None = 
         fcntl.flock(lock, fcntl.LOCK_EX)  # concurrent runs build once; the second finds the binary
         if wanted is not None and wanted.exists():
             return wanted
-        return _build_llama_server(cache_dir, version, jobs, log)
+        return _build_llama_server(cache_dir, version, jobs, log, extra_args)
 
 
-def _build_llama_server(cache_dir: Path, version: str | None, jobs: int | None, log) -> Path:
+def _build_llama_server(cache_dir: Path, version: str | None, jobs: int | None, log, extra_args: str) -> Path:
     if not shutil.which("cmake"):
         raise PeerUnavailable("cmake not found; cannot build llama-server")
     src_dir = cache_dir / "src"
@@ -85,11 +98,11 @@ def _build_llama_server(cache_dir: Path, version: str | None, jobs: int | None, 
             for m in members:
                 m.name = m.name[len(prefix):]
             tf.extractall(root, members=[m for m in members if m.name], filter="data")
-    build_dir = root / "build"
+    build_dir = root / _build_name(extra_args)
     jobs = jobs or os.cpu_count() or 2
     log(f"building llama-server {ver} in {build_dir} with {jobs} jobs (several minutes) ...")
     t0 = time.perf_counter()
-    for cmd in (["cmake", "-S", str(root), "-B", str(build_dir), *LLAMA_SERVER_CMAKE_FLAGS],
+    for cmd in (["cmake", "-S", str(root), "-B", str(build_dir), *LLAMA_SERVER_CMAKE_FLAGS, *extra_args.split()],
                 ["cmake", "--build", str(build_dir), "--target", "llama-server", "-j", str(jobs)]):
         r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode != 0:

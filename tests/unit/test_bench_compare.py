@@ -104,3 +104,21 @@ def test_load_monitor_reports_own_and_other_cores():
     assert r.wall_s > 0.15 and r.own_cores * r.wall_s > 0.15  # >= 0.2 s burned, less sampling slack
     assert r.other_cores >= 0 and r.other_cores_max >= r.other_cores
     assert set(r.as_dict()) == {"wall_s", "other_cores", "other_cores_max", "own_cores"}
+
+
+def test_llama_cpp_crash_in_probe_is_a_skip(tmp_path, monkeypatch):
+    import subprocess
+
+    def sigill(*a, **kw):
+        return subprocess.CompletedProcess(a[0], -4, "", "")
+
+    monkeypatch.setattr(subprocess, "run", sigill)
+    with pytest.raises(peers_offline.PeerUnavailable, match="signal 4"):
+        peers_offline.probe_llama_cpp(tmp_path / "m.gguf", 1)
+
+
+def test_llama_server_build_folder_depends_on_extra_args():
+    from anycore.bench.peers_server import _build_name
+
+    assert _build_name("") == "build"
+    assert _build_name("-DGGML_NATIVE=OFF") != _build_name("-DGGML_NATIVE=OFF -DGGML_AVX512=ON")
