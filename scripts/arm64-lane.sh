@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # The emulated Arm64 lane: runs the tests marked `arm64` under QEMU user-mode on an x86-64
-# Debian/Ubuntu machine, once per emulated CPU model, with the C++ extension cross-compiled.
+# Debian 12 machine (or debian:12 container), once per emulated CPU model, with the C++
+# extension cross-compiled.
 #
 #   bash scripts/arm64-lane.sh            # whole lane; exits non-zero on any failure
+#   bash scripts/arm64-lane.sh --prepare  # only build/refresh the cache (tools, sysroot, wheels,
+#                                         # extension), run no test
 #
 # Environment (all optional):
 #   ANYCORE_ARM64_CACHE     cache dir (default ~/.cache/anycore/arm64-lane); every artefact in it
@@ -31,6 +34,13 @@
 # See docs/ARM64.md for what this covers and why each step is done the way it is.
 set -Eeuo pipefail
 
+PREPARE_ONLY=0
+case "${1:-}" in
+  "") ;;
+  --prepare) PREPARE_ONLY=1 ;;
+  -h | --help) sed -n '2,/^set -Eeuo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+  *) echo "usage: $0 [--prepare]" >&2; exit 2 ;;
+esac
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 HELPERS="$REPO/scripts/arm64"
 CACHE="${ANYCORE_ARM64_CACHE:-$HOME/.cache/anycore/arm64-lane}"
@@ -330,6 +340,10 @@ prune 2 'sysroot-*' "$SYSROOT"
 prune 2 'wheels-*' "$WHEELS"
 [[ -z "$EXT_DIR" ]] || prune 4 'ext-*' "$EXT_DIR"
 flock -u 9
+if ((PREPARE_ONLY)); then
+  log "cache ready in $CACHE ($((SECONDS - LANE_START)) s); no tests run (--prepare)"
+  exit 0
+fi
 RUN_DIR="$CACHE/runs/$(date +%Y%m%d-%H%M%S)-$$"
 mkdir -p "$RUN_DIR"
 # keep the 5 newest runs
