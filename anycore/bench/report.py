@@ -86,6 +86,11 @@ def format_table(result: dict[str, Any]) -> str:
     out.append(f"cpu: {meta.get('cpu_model', '?')}, {meta.get('threads', '?')} threads; "
                f"read bandwidth {fmt_num(hw.get('bandwidth', {}).get('gb_s'))} GB/s; peak GEMM "
                + ", ".join(f"{k} {v:.2f}" for k, v in hw.get("peak_gemm_tflops", {}).items()) + " T(FL)OP/s")
+    probe_load = hw.get("load", {}).get("other_cores", 0.0)
+    limit_cores = meta.get("noise_thresholds", {}).get("other_cores", NOISE_OTHER_CORES)
+    if probe_load > limit_cores:
+        out.append(f"NOISY limits: other processes used {probe_load:.2f} cores while bandwidth and peak GEMM were "
+                   "measured, so the limits are low and 'of limit' reads high (can exceed 100%)")
     out.append("others = busiest repeat's mean CPU use by other processes (cores); of limit = decode vs "
                "bandwidth/weight bytes, prefill vs peak GEMM of its dtype; anycore/this = reference anycore "
                "median / this median (↑ higher is better: > 1 favours anycore; ↓ latency: < 1 favours anycore)")

@@ -72,3 +72,10 @@ def test_charts_written(tmp_path):
     assert names == ["r-decode.png", "r-prefill.png", "r-serving.png"]
     for p in paths:
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_limits_measured_under_load_are_flagged():
+    res = _fake_result()
+    assert "NOISY limits" not in report.format_table(res)
+    res["hardware"]["load"] = {"other_cores": 1.2}
+    assert "NOISY limits: other processes used 1.20 cores" in report.format_table(res)
