@@ -39,25 +39,29 @@ def _proc_seconds(p: psutil.Process) -> float:
 
 
 class OwnTree:
-    """CPU seconds used by this process and every descendant seen so far (dead ones keep their last value)."""
+    """CPU seconds used by this process and its descendants.
+
+    Live descendants count their own time; once a child exits and is reaped, its time (and that of
+    the descendants it reaped) moves into this process's ``children_*`` times, which count too. So a
+    short-lived child such as the bandwidth probe is ours even if no sample saw it alive.
+    """
 
     def __init__(self, root: psutil.Process | None = None) -> None:
         self.root = root or psutil.Process()
-        self._last: dict[tuple[int, float], float] = {}
 
     def seconds(self) -> float:
-        procs = [self.root]
+        t = self.root.cpu_times()
+        total = t.user + t.system + t.children_user + t.children_system
         try:
-            procs += self.root.children(recursive=True)
+            children = self.root.children(recursive=True)
         except psutil.Error:
-            pass
-        for p in procs:
+            children = []
+        for p in children:
             try:
-                key = (p.pid, p.create_time())
-                self._last[key] = _proc_seconds(p)
-            except psutil.Error:
+                total += _proc_seconds(p)
+            except psutil.Error:  # exited between listing and reading: counted once reaped
                 continue
-        return sum(self._last.values())
+        return total
 
 
 @dataclass

@@ -122,3 +122,13 @@ def test_llama_server_build_folder_depends_on_extra_args():
 
     assert _build_name("") == "build"
     assert _build_name("-DGGML_NATIVE=OFF") != _build_name("-DGGML_NATIVE=OFF -DGGML_AVX512=ON")
+
+
+def test_short_lived_child_counts_as_own_load():
+    import subprocess
+    import sys
+
+    with LoadMonitor(interval=5.0) as m:  # no sample while the child lives
+        subprocess.run([sys.executable, "-c", "import time\nt=time.process_time()\nwhile time.process_time()-t<0.3: pass"],
+                       check=True)
+    assert m.report.own_cores * m.report.wall_s > 0.25
