@@ -14,6 +14,7 @@
 #include "bf16.h"
 #include "kernel_table.h"
 #include "parallel.h"
+#include "prefetch.h"
 
 namespace anycore {
 namespace {
@@ -370,7 +371,10 @@ void linear_kernel(void* out_, const void* x_, int64_t xs, const void* w_, const
           V acc[kRows] = {V::zero(), V::zero(), V::zero(), V::zero()};
           for (int64_t j = 0; j < k; j += V::W) {
             V xv = load_any<V>(xr + j, k - j);
-            for (int64_t r = 0; r < nr; ++r) acc[r] = V::fma(xv, load_any<V>(w + (n0 + r) * k + j, k - j), acc[r]);
+            for (int64_t r = 0; r < nr; ++r) {
+              prefetch_stream(w + (n0 + r) * k + j);
+              acc[r] = V::fma(xv, load_any<V>(w + (n0 + r) * k + j, k - j), acc[r]);
+            }
           }
           for (int64_t r = 0; r < nr; ++r) res[r] = acc[r].sum();
         }

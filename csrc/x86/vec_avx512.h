@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "../common/bf16.h"
+#include "../common/prefetch.h"
 
 namespace anycore {
 namespace {
@@ -109,8 +110,10 @@ struct VecAvx512 {
     for (int64_t i = 0; i < k; i += 32) {
       __mmask32 m = k - i >= 32 ? ~__mmask32{0} : static_cast<__mmask32>((1ull << (k - i)) - 1ull);
       __m512bh xv = (__m512bh)_mm512_maskz_loadu_epi16(m, x + i);
-      for (int64_t r = 0; r < nr; ++r)
+      for (int64_t r = 0; r < nr; ++r) {
+        prefetch_stream(w + r * k + i);
         acc[r] = _mm512_dpbf16_ps(acc[r], xv, (__m512bh)_mm512_maskz_loadu_epi16(m, w + r * k + i));
+      }
     }
     for (int64_t r = 0; r < nr; ++r) res[r] = _mm512_reduce_add_ps(acc[r]);
 #else
