@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+import mmap
+
 import numpy as np
 import torch
 from torch import nn
@@ -13,16 +16,35 @@ from anycore.scheduler.scheduler import SchedulerOutput
 
 
 class KVPool:
-    """K and V for every layer: ``[num_layers, num_slots, num_kv_heads, head_dim]`` each."""
+    """K and V for every layer: ``[num_layers, num_slots, num_kv_heads, head_dim]`` each.
+
+    Backed by private anonymous memory mappings, which the kernel fills with zeros lazily: a
+    page costs resident memory only once a K/V row on it is written, so RSS follows the slots in
+    use (the allocator hands out low slot ids first), not the ``--kv-cache-gb`` budget, which
+    ``torch.zeros`` would touch in full at start-up. Every slot still reads as 0.0 until written
+    (never garbage): attention only reads a request's own slots, and a masked padding position
+    (torch-native decode points those at slot 0) multiplies finite values by a zero weight.
+    """
 
     def __init__(self, num_layers: int, num_slots: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype):
         shape = (num_layers, num_slots, num_kv_heads, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype)
-        self.v = torch.zeros(shape, dtype=dtype)
+        self.k = lazy_zeros(shape, dtype)
+        self.v = lazy_zeros(shape, dtype)
 
     @staticmethod
     def bytes_per_slot(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
         return 2 * num_layers * num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+
+
+def lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A zero tensor whose pages become resident only when written (anonymous ``mmap``; the
+    tensor keeps the mapping alive)."""
+    numel = math.prod(shape)
+    nbytes = numel * torch.empty((), dtype=dtype).element_size()
+    if nbytes == 0 or not hasattr(mmap, "MAP_ANONYMOUS"):  # (no anonymous mmap: Windows)
+        return torch.zeros(shape, dtype=dtype)
+    buf = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    return torch.frombuffer(buf, dtype=dtype, count=numel).view(shape)
 
 
 class ModelRunner:

@@ -1,0 +1,52 @@
+"""KVPool: zero-initialised, but resident memory follows the slots written, not the budget."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import torch
+
+from anycore.engine.runner import KVPool, lazy_zeros
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_lazy_zeros_reads_zero_and_is_writable():
+    t = lazy_zeros((3, 5, 2, 4), torch.bfloat16)
+    assert t.shape == (3, 5, 2, 4) and t.dtype == torch.bfloat16 and t.is_contiguous()
+    assert torch.count_nonzero(t) == 0 and not torch.isnan(t).any()
+    t[1, 2].fill_(1.5)
+    assert t.float().sum().item() == 1.5 * 8
+    assert lazy_zeros((0, 4), torch.float32).shape == (0, 4)
+
+
+def test_kv_pool_shapes_and_index_copy():
+    pool = KVPool(num_layers=2, num_slots=64, num_kv_heads=3, head_dim=8, dtype=torch.bfloat16)
+    assert pool.k.shape == pool.v.shape == (2, 64, 3, 8)
+    assert pool.k.data_ptr() != pool.v.data_ptr()
+    new = torch.randn(4, 3, 8).to(torch.bfloat16)
+    pool.k[1].index_copy_(0, torch.tensor([0, 5, 6, 63]), new)
+    assert torch.equal(pool.k[1, 5], new[1]) and torch.count_nonzero(pool.k[0]) == 0
+    assert torch.count_nonzero(pool.v) == 0
+    assert KVPool.bytes_per_slot(2, 3, 8, torch.bfloat16) == 2 * 2 * 3 * 8 * 2
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/statm")
+def test_kv_pool_rss_follows_written_slots():
+    before = _rss_bytes()
+    pool = KVPool(num_layers=4, num_slots=1 << 16, num_kv_heads=4, head_dim=64, dtype=torch.bfloat16)  # 256 MiB
+    allocated = _rss_bytes() - before
+    assert allocated < 16 << 20, f"creating the pool made {allocated >> 20} MiB resident"
+    # reading untouched pages (as attention over a fresh pool would) maps the shared zero page
+    assert torch.count_nonzero(pool.k[0, :4096]) == 0
+    slots = torch.arange(100)
+    for layer in range(4):
+        pool.k[layer].index_copy_(0, slots, torch.ones(100, 4, 64, dtype=torch.bfloat16))
+        pool.v[layer].index_copy_(0, slots, torch.ones(100, 4, 64, dtype=torch.bfloat16))
+    written = _rss_bytes() - before
+    assert written < 24 << 20, f"100 slots made {written >> 20} MiB resident"
