@@ -22,6 +22,7 @@ def run_doctor(features: CpuFeatures | None = None, overrides: str | None = None
 
     from anycore.kernels.build import load_extension
     from anycore.kernels.dispatch import plan
+    from anycore.kernels.ops import FUSED_OPS
 
     f = features or detect()
     if overrides is None:
@@ -63,6 +64,11 @@ def run_doctor(features: CpuFeatures | None = None, overrides: str | None = None
     width = max(len(op) for op in selection.OPS)
     for c in sel.choices:
         lines.append(f"  {c.op:<{width}}  {c.impl:<12}  {c.reason}")
+    native = {c.op for c in sel.choices if ext.available and c.impl in ext.variants}
+    unfused = [op for op in FUSED_OPS if op not in native]
+    lines.append(f"  {'decoder_layer':<{width}}  {'fused' if not unfused else 'unfused':<12}  "
+                 + ("one native call per layer (csrc/common/decoder_layer.cpp)" if not unfused
+                    else f"op by op from Python: {', '.join(unfused)} not native"))
     warnings += sel.warnings
 
     threads = torch.get_num_threads()

@@ -59,6 +59,9 @@ _COMMON_FLAGS = ("-std=c++17", "-O3", "-fPIC", "-fopenmp", "-DNDEBUG", "-fno-mat
                  "-Wno-unknown-pragmas", "-fvisibility=hidden")
 
 
+TORCH_UNITS = ("common/ops.cpp", "common/decoder_layer.cpp")
+
+
 @dataclass(frozen=True)
 class BuildTarget:
     arch: str
@@ -162,9 +165,9 @@ def build(target: BuildTarget, out_dir: Path, only: tuple[str, ...] | None = Non
     (obj_dir / "anycore_variants.inc").write_text(
         "".join(f"ANYCORE_VARIANT({v.name})\n" for v in variants))
     base = [*_COMMON_FLAGS, f"-D_GLIBCXX_USE_CXX11_ABI={target.cxx11_abi}"]
-    units: list[tuple[str, list[str]]] = [
-        ("common/ops.cpp", [*base, f"-I{obj_dir}", *(f"-I{p}" for p in target.torch_include)])
-    ]
+    torch_flags = [*base, f"-I{obj_dir}", *(f"-I{p}" for p in target.torch_include)]
+    # the torch-facing units, compiled for the baseline ISA; the variants follow, one per ISA level
+    units: list[tuple[str, list[str]]] = [(src, torch_flags) for src in TORCH_UNITS]
     units += [(v.source, [*base, *v.cflags]) for v in variants]
     t0 = time.monotonic()
 

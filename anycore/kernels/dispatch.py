@@ -21,7 +21,7 @@ import torch
 from anycore.kernels import reference, torch_native
 from anycore.kernels.build import ExtensionInfo, load_extension
 from anycore.kernels.int8 import Int8Linear
-from anycore.kernels.ops import OP_NAMES, KernelOps
+from anycore.kernels.ops import FUSED_OPS, OP_NAMES, KernelOps
 from anycore.platform import selection
 from anycore.platform.features import CpuFeatures, detect
 
@@ -50,11 +50,18 @@ def select_ops(
     sel = plan(features, overrides, extension)
     ext = extension or (load_extension() if _needs_extension(sel) else None)
     fns = {c.op: make_op(c.op, c.impl, ext) for c in sel.choices}
+    native_index = {c.op: ext.variants.index(c.impl) for c in sel.choices
+                    if ext is not None and c.impl in ext.variants}
+    fused = None
+    if all(op in native_index for op in FUSED_OPS):
+        fused = _bind_decoder_layer([native_index[op] for op in FUSED_OPS])
     for c in sel.choices:
         log.info("kernel %s -> %s (%s)", c.op, c.impl, c.reason)
+    log.info("kernel decoder_layer -> %s", "fused native" if fused else "unfused (some op is not native)")
     for w in sel.warnings:
         log.warning("kernels: %s", w)
-    return KernelOps(**fns, choices=sel.as_dict(), reasons={c.op: c.reason for c in sel.choices})
+    return KernelOps(**fns, decoder_layer=fused, native_index=native_index, choices=sel.as_dict(),
+                     reasons={c.op: c.reason for c in sel.choices})
 
 
 def plan(features: CpuFeatures, overrides, extension: ExtensionInfo | None = None) -> selection.Selection:
@@ -143,6 +150,17 @@ def _bind(op: str, idx: int, impl: str = "") -> Callable:
     if op == "w8a8_linear":
         return _bind_w8a8(idx, impl)
     raise ValueError(op)
+
+
+def _bind_decoder_layer(op_impls: list[int]) -> Callable:
+    native = torch.ops.anycore.decoder_layer.default
+
+    def decoder_layer(hidden, residual, weights, linear_impls, k_cache, v_cache, slot_mapping, cos, sin,
+                      q_start_loc, seq_lens, slot_table, num_heads, num_kv_heads, head_dim, eps, scale):
+        return native(hidden, residual, weights, linear_impls, op_impls, k_cache, v_cache, slot_mapping, cos, sin,
+                      q_start_loc, seq_lens, slot_table, num_heads, num_kv_heads, head_dim, eps, scale)
+
+    return decoder_layer
 
 
 def _bind_w8a8(idx: int, impl: str) -> Int8Linear:

@@ -14,6 +14,8 @@ from anycore.kernels import torch_native
 
 OP_NAMES = ("rms_norm", "add_rms_norm", "apply_rotary", "silu_and_mul", "paged_attention", "linear",
             "w8a8_linear")
+# the ops the fused decoder layer calls besides the projections, in its op_impls order
+FUSED_OPS = ("rms_norm", "add_rms_norm", "apply_rotary", "silu_and_mul", "paged_attention")
 
 
 @dataclass(frozen=True)
@@ -30,6 +32,13 @@ class KernelOps:
     # w8a8_linear(x, packed, w_scale, bias=None), an ``Int8Linear``: its ``pack(qweight [N, K])``
     # makes ``packed`` once at load in the implementation's own layout (anycore.kernels.int8)
     w8a8_linear: Callable = torch_native.w8a8_linear
+    # decoder_layer(hidden, residual, weights, linear_impls, k_cache, v_cache, slot_mapping, cos,
+    # sin, q_start_loc, seq_lens, slot_table, num_heads, num_kv_heads, head_dim, eps, scale):
+    # a whole Llama-family layer in one native call (csrc/common/decoder_layer.cpp), composed of
+    # the ops above; None unless all five non-linear ops are native (see FUSED_OPS)
+    decoder_layer: Callable | None = None
+    # op name -> variant index in the extension, for native choices (the fused layer needs them)
+    native_index: dict[str, int] = field(default_factory=dict)
     # op name -> human-readable implementation name (for logs and `anycore doctor`)
     choices: dict[str, str] = field(default_factory=dict)
     # op name -> why that implementation was chosen (see anycore.platform.selection)

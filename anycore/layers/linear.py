@@ -25,6 +25,10 @@ class LinearMethod(Protocol):
 
     def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor: ...
 
+    # Optional: ``fused_args(layer) -> ((weight, w8a8 scale or None, bias or None), variant index)``
+    # for the fused native decoder layer (csrc/common/decoder_layer.cpp), or None when this
+    # method's multiply has no native equivalent there (the layer then runs unfused).
+
 
 class UnquantizedLinearMethod:
     """Dense weights in the run dtype; the multiply is the kernel table's ``linear``."""
@@ -39,6 +43,11 @@ class UnquantizedLinearMethod:
 
     def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
         return layer.matmul(x, layer.weight, layer.bias)
+
+    def fused_args(self, layer: Linear):
+        # index -1: oneDNN (at::linear), what the torch-native `linear` runs
+        index = layer.kernels.native_index.get("linear", -1) if layer.kernels is not None else -1
+        return (layer.weight, None, layer.bias), index
 
 
 class Linear(nn.Module):
@@ -86,3 +95,13 @@ class Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.method.apply(self, x)
+
+    def fused_args(self):
+        """What the fused decoder layer needs to run this projection natively, or None.
+
+        None too while hooks are attached (e.g. calibration statistics): they observe this
+        module's forward, which the fused layer never calls."""
+        if self._forward_pre_hooks or self._forward_hooks:
+            return None
+        fused_args = getattr(self.method, "fused_args", None)
+        return fused_args(self) if fused_args is not None else None

@@ -75,8 +75,36 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(cfg, ops, linear)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops, dtype)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops, dtype)
+        self.ops = ops
+
+    def fused_args(self, dtype: torch.dtype) -> tuple[list, list[int]] | None:
+        """(weights, linear variant indices) for ``ops.decoder_layer``, or None to run unfused:
+        no fused kernel, a dtype it lacks, or a projection without a native equivalent."""
+        if self.ops.decoder_layer is None or dtype not in (torch.float32, torch.bfloat16):
+            return None
+        attn, mlp = self.self_attn, self.mlp
+        projections = [p.fused_args() for p in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)]
+        if any(p is None for p in projections):
+            return None
+        (qkv, qkv_i), (o, o_i), (gate_up, gate_up_i), (down, down_i) = projections  # type: ignore[misc]
+        q_norm = attn.q_norm.weight if attn.q_norm is not None else None
+        k_norm = attn.k_norm.weight if attn.k_norm is not None else None
+        # order: csrc/common/decoder_layer.cpp WeightIndex
+        weights = [self.input_layernorm.weight, *qkv, q_norm, k_norm, *o, self.post_attention_layernorm.weight,
+                   *gate_up, *down]
+        return weights, [qkv_i, o_i, gate_up_i, down_i]
 
     def forward(self, hidden, residual, cos, sin, batch: ForwardBatch):
+        fused = self.fused_args(hidden.dtype)
+        if fused is not None:
+            attn = self.self_attn
+            weights, linear_impls = fused
+            return self.ops.decoder_layer(
+                hidden, residual, weights, linear_impls, batch.k_cache[attn.attn.layer_idx],
+                batch.v_cache[attn.attn.layer_idx], batch.slot_mapping, cos, sin, batch.q_start_loc, batch.seq_lens,
+                batch.slot_table, attn.attn.num_heads, attn.attn.num_kv_heads, attn.head_dim,
+                self.input_layernorm.eps, attn.attn.scale,
+            )
         if residual is None:
             residual = hidden
             hidden = self.input_layernorm(hidden)

@@ -1,0 +1,144 @@
+// A whole Llama-family decoder layer in one call: pre-norm attention with merged QKV (optional
+// bias, optional per-head Q/K norm), RoPE, paged KV, then a SwiGLU MLP with merged gate/up.
+//
+// Why: at batch 1 a decode step is ~15 small ops per layer; from Python each costs an
+// interpreter round trip and a few tensor allocations, which added up to ~25% of a SmolLM2
+// decode step once the GEMVs ran near memory bandwidth. Here the layer is one round trip.
+//
+// Invariant: this composes exactly the kernels of the unfused path (anycore/models/llama.py
+// through anycore/kernels/dispatch.py), in the same order with the same roundings, so both
+// paths give bit-identical results (tests/kernels/test_decoder_layer.py checks it). The only
+// differences are where data goes: rotated K and V are written straight into the KV pool.
+#include <cstring>
+
+#include "ops.h"
+
+namespace anycore::ops {
+namespace {
+
+// weights[], in this order; each projection is (weight, W8A8 scale or None, bias or None)
+enum WeightIndex : int {
+  kInputNorm, kQkv, kQkvScale, kQkvBias, kQNorm, kKNorm, kO, kOScale, kOBias,
+  kPostNorm, kGateUp, kGateUpScale, kGateUpBias, kDown, kDownScale, kDownBias, kNumWeights
+};
+enum LinearIndex : int { kLinQkv, kLinO, kLinGateUp, kLinDown, kNumLinears };
+enum OpIndex : int { kOpRmsNorm, kOpAddRmsNorm, kOpRotary, kOpSiluMul, kOpAttention, kNumOps };
+
+using Weights = c10::List<std::optional<at::Tensor>>;
+
+at::Tensor required(const Weights& w, int i) {
+  std::optional<at::Tensor> t = w.get(i);
+  TORCH_CHECK(t.has_value() && t->defined(), "decoder_layer: weight #", i, " is required");
+  return *t;
+}
+
+std::optional<at::Tensor> optional(const Weights& w, int i) {
+  std::optional<at::Tensor> t = w.get(i);
+  return t.has_value() && t->defined() ? t : std::nullopt;
+}
+
+// One projection. W8A8 when it has a scale; dense otherwise, on the native GEMV only for a
+// single bf16 row (where it beats oneDNN: the same rule as `linear` in kernels/dispatch.py),
+// at::linear (oneDNN) for everything else or when impl < 0.
+at::Tensor project(const at::Tensor& x, const Weights& w, int first, int64_t impl) {
+  at::Tensor weight = required(w, first);
+  std::optional<at::Tensor> scale = optional(w, first + 1), bias = optional(w, first + 2);
+  if (scale.has_value()) return w8a8_linear(x, weight, *scale, bias, impl);
+  if (impl >= 0 && x.scalar_type() == at::kBFloat16 && weight.scalar_type() == at::kBFloat16 && x.size(0) == 1 &&
+      weight.is_contiguous())
+    return linear(x, weight, bias, impl);
+  return at::linear(x, weight, bias);
+}
+
+// RMSNorm of each head_dim slice of rows [tokens, heads * head_dim] with row stride `stride`
+// (Qwen3's q_norm / k_norm); returns contiguous [tokens, heads * head_dim].
+at::Tensor head_norm(const at::Tensor& base, const void* src, int64_t stride, int64_t tokens, int64_t heads,
+                     int64_t head_dim, const at::Tensor& w, double eps, int64_t impl) {
+  const int dt = dtype_index(base);
+  TORCH_CHECK(w.scalar_type() == base.scalar_type() && w.numel() == head_dim && w.is_contiguous(),
+              "q/k norm weight must be contiguous [head_dim] of the activation dtype");
+  at::Tensor out = at::empty({tokens, heads * head_dim}, base.options());
+  const int64_t es = base.element_size();
+  for (int64_t t = 0; t < tokens; ++t)
+    ANYCORE_PICK(rms_norm, impl, dt)(static_cast<char*>(out.data_ptr()) + t * heads * head_dim * es,
+                                     static_cast<const char*>(src) + t * stride * es, head_dim, w.data_ptr(), heads,
+                                     head_dim, static_cast<float>(eps));
+  return out;
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor> decoder_layer(
+    const at::Tensor& hidden, const std::optional<at::Tensor>& residual, const Weights& weights,
+    c10::IntArrayRef linear_impls, c10::IntArrayRef op_impls, const at::Tensor& k_cache, const at::Tensor& v_cache,
+    const at::Tensor& slot_mapping, const at::Tensor& cos_in, const at::Tensor& sin_in,
+    const at::Tensor& q_start_loc, const at::Tensor& seq_lens, const at::Tensor& slot_table, int64_t num_heads,
+    int64_t num_kv_heads, int64_t head_dim, double eps, double scale) {
+  TORCH_CHECK(static_cast<int64_t>(weights.size()) == kNumWeights, "decoder_layer takes ", kNumWeights, " weights");
+  TORCH_CHECK(linear_impls.size() == kNumLinears && op_impls.size() == kNumOps,
+              "decoder_layer takes 4 linear and 5 op implementation indices");
+  const int dt = dtype_index(hidden);
+  TORCH_CHECK(hidden.dim() == 2 && hidden.is_contiguous(), "hidden must be contiguous [tokens, hidden_size]");
+  const int64_t T = hidden.size(0), H = num_heads, KV = num_kv_heads, D = head_dim;
+  TORCH_CHECK(H > 0 && KV > 0 && D > 0 && D % 2 == 0, "bad head geometry");
+  const int64_t q_size = H * D, kv_size = KV * D, es = hidden.element_size();
+  TORCH_CHECK(k_cache.scalar_type() == hidden.scalar_type() && v_cache.scalar_type() == hidden.scalar_type() &&
+                  k_cache.dim() == 3 && v_cache.dim() == 3 && k_cache.size(1) == KV && k_cache.size(2) == D &&
+                  v_cache.sizes() == k_cache.sizes() && k_cache.stride(1) == D && k_cache.stride(2) == 1 &&
+                  v_cache.stride(1) == D && v_cache.stride(2) == 1,
+              "k/v cache must be [slots, num_kv_heads, head_dim] of the activation dtype, dense per slot");
+  at::Tensor slots = slot_mapping.to(at::kLong).contiguous();
+  TORCH_CHECK(slots.numel() == T, "slot_mapping must have one slot per token");
+  at::Tensor cos = cos_in.to(at::kFloat).contiguous(), sin = sin_in.to(at::kFloat).contiguous();
+  TORCH_CHECK(cos.numel() == T * D && sin.numel() == T * D, "cos/sin must be [tokens, head_dim]");
+
+  // input norm (the first layer has no residual yet: the embedding is the residual)
+  at::Tensor normed, res;
+  if (residual.has_value() && residual->defined()) {
+    std::tie(normed, res) = add_rms_norm(hidden, *residual, required(weights, kInputNorm), eps, op_impls[kOpAddRmsNorm]);
+  } else {
+    normed = rms_norm(hidden, required(weights, kInputNorm), eps, op_impls[kOpRmsNorm]);
+    res = hidden;
+  }
+
+  // attention: qkv [T, q + 2 kv]; q/k optionally normed per head
+  at::Tensor qkv = project(normed, weights, kQkv, linear_impls[kLinQkv]);
+  TORCH_CHECK(qkv.dim() == 2 && qkv.size(1) == q_size + 2 * kv_size && qkv.stride(1) == 1, "qkv has the wrong width");
+  const char* base = static_cast<const char*>(qkv.data_ptr());
+  const void* q_src = base;
+  const void* k_src = base + q_size * es;
+  int64_t q_stride = qkv.stride(0), k_stride = qkv.stride(0);
+  at::Tensor qn, kn;
+  if (auto qw = optional(weights, kQNorm)) {
+    qn = head_norm(qkv, q_src, q_stride, T, H, D, *qw, eps, op_impls[kOpRmsNorm]);
+    kn = head_norm(qkv, k_src, k_stride, T, KV, D, required(weights, kKNorm), eps, op_impls[kOpRmsNorm]);
+    q_src = qn.data_ptr(), k_src = kn.data_ptr();
+    q_stride = q_size, k_stride = kv_size;
+  }
+  auto rotary = ANYCORE_PICK(apply_rotary, op_impls[kOpRotary], dt);
+  at::Tensor q = at::empty({T, H, D}, hidden.options());
+  rotary(q.data_ptr(), q_src, q_stride, cos.data_ptr<float>(), sin.data_ptr<float>(), D, T, H, D);
+  // rotated K and raw V go straight to their slots in the pool
+  const int64_t* slot = slots.data_ptr<int64_t>();
+  const int64_t num_slots = k_cache.size(0);
+  char* kc = static_cast<char*>(k_cache.data_ptr());
+  char* vc = static_cast<char*>(v_cache.data_ptr());
+  const char* v_src = base + (q_size + kv_size) * es;
+  for (int64_t t = 0; t < T; ++t) {
+    TORCH_CHECK(slot[t] >= 0 && slot[t] < num_slots, "slot ", slot[t], " outside the KV pool");
+    rotary(kc + slot[t] * k_cache.stride(0) * es, static_cast<const char*>(k_src) + t * k_stride * es, k_stride,
+           cos.data_ptr<float>() + t * D, sin.data_ptr<float>() + t * D, D, 1, KV, D);
+    std::memcpy(vc + slot[t] * v_cache.stride(0) * es, v_src + t * qkv.stride(0) * es, kv_size * es);
+  }
+  at::Tensor attn = paged_attention(q, k_cache, v_cache, q_start_loc, seq_lens, slot_table, scale,
+                                    op_impls[kOpAttention], 0);
+  at::Tensor o = project(attn.view({T, q_size}), weights, kO, linear_impls[kLinO]);
+
+  // MLP
+  at::Tensor normed2, res2;
+  std::tie(normed2, res2) = add_rms_norm(o, res, required(weights, kPostNorm), eps, op_impls[kOpAddRmsNorm]);
+  at::Tensor act = silu_and_mul(project(normed2, weights, kGateUp, linear_impls[kLinGateUp]), op_impls[kOpSiluMul]);
+  return {project(act, weights, kDown, linear_impls[kLinDown]), res2};
+}
+
+}  // namespace anycore::ops

@@ -1,0 +1,45 @@
+// The torch-facing ops shared by the baseline translation units (ops.cpp, decoder_layer.cpp).
+// Each checks shapes and dtypes, then calls the kernel variant with index `impl` (see
+// `variants()`); the caller (anycore/kernels/dispatch.py) decides which index the CPU can run.
+#pragma once
+#include <ATen/ATen.h>
+
+#include <optional>
+#include <tuple>
+
+#include "kernel_table.h"
+
+namespace anycore::ops {
+
+const KernelTable& table(int64_t impl);
+const KernelTable& generic_table();  // index 0: every op, portable C++
+
+// A null entry means the variant does not specialise that op/dtype: use the generic one.
+#define ANYCORE_PICK(FIELD, IMPL, DT) \
+  (::anycore::ops::table(IMPL).FIELD[DT] ? ::anycore::ops::table(IMPL).FIELD[DT] : ::anycore::ops::generic_table().FIELD[DT])
+
+int dtype_index(const at::Tensor& t);  // 0: float32, 1: bfloat16; anything else is an error
+at::Tensor as_rows(const at::Tensor& x);  // [rows, cols] view, unit stride in the last dim
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps, int64_t impl);
+std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& residual,
+                                                const at::Tensor& w, double eps, int64_t impl);
+at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t head_dim,
+                        int64_t impl);
+at::Tensor silu_and_mul(const at::Tensor& x, int64_t impl);
+at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                           const at::Tensor& q_start_loc, const at::Tensor& seq_lens, const at::Tensor& slot_table,
+                           double scale, int64_t impl, int64_t splits);
+at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& bias, int64_t impl);
+at::Tensor w8a8_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& w_scale,
+                       const std::optional<at::Tensor>& bias, int64_t impl);
+
+// decoder_layer.cpp: a whole Llama-family layer in one call (see there).
+std::tuple<at::Tensor, at::Tensor> decoder_layer(
+    const at::Tensor& hidden, const std::optional<at::Tensor>& residual,
+    const c10::List<std::optional<at::Tensor>>& weights, c10::IntArrayRef linear_impls, c10::IntArrayRef op_impls,
+    const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& slot_mapping, const at::Tensor& cos,
+    const at::Tensor& sin, const at::Tensor& q_start_loc, const at::Tensor& seq_lens, const at::Tensor& slot_table,
+    int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, double eps, double scale);
+
+}  // namespace anycore::ops
