@@ -233,10 +233,11 @@ async def benchmark(args: argparse.Namespace) -> dict[str, Any]:
 
         tasks = []
         start = time.perf_counter()
-        for prompt, max_tokens in work:
-            tasks.append(asyncio.create_task(limited(prompt, max_tokens)))
-            if args.request_rate != float("inf"):
+        for i, (prompt, max_tokens) in enumerate(work):
+            # Poisson gaps between arrivals only: a gap after the last one would idle into the duration
+            if i and args.request_rate != float("inf"):
                 await asyncio.sleep(rng.expovariate(args.request_rate))
+            tasks.append(asyncio.create_task(limited(prompt, max_tokens)))
         results = await asyncio.gather(*tasks)
         duration = time.perf_counter() - start
     summary = summarize(list(results), duration, args)
