@@ -95,6 +95,19 @@ def build_prompts(args: argparse.Namespace, n: int, rng: random.Random) -> list[
     return [([rng.randrange(lo, hi) for _ in range(k)], m) for k, m in zip(in_lens, out_lens)]
 
 
+def _error_message(err: Any) -> str:
+    """The message of a streamed error: ``{"message": ...}``, a JSON string of that, or plain text."""
+    if isinstance(err, str):
+        try:
+            err = json.loads(err)
+        except ValueError:
+            return err
+    if isinstance(err, dict):
+        inner = err.get("error", err)
+        return str(inner.get("message", inner) if isinstance(inner, dict) else inner)
+    return str(err)
+
+
 async def _one(client: Any, url: str, body: dict[str, Any], timeout: float) -> RequestResult:
     res = RequestResult(prompt_len=len(body["prompt"]) if isinstance(body["prompt"], list) else 0)
     t0 = time.perf_counter()
@@ -106,6 +119,9 @@ async def _one(client: Any, url: str, body: dict[str, Any], timeout: float) -> R
                 res.error = f"HTTP {r.status_code}: {(await r.aread()).decode(errors='replace')[:200]}"
                 return res
             async for line in r.aiter_lines():
+                if line.startswith("error:"):  # older llama-server: an SSE `error` field, then the stream ends
+                    res.error = _error_message(line[6:].strip())
+                    return res
                 if not line.startswith("data:"):
                     continue
                 data = line[5:].strip()
@@ -113,7 +129,7 @@ async def _one(client: Any, url: str, body: dict[str, Any], timeout: float) -> R
                     break
                 obj = json.loads(data)
                 if "error" in obj:
-                    res.error = str(obj["error"].get("message"))
+                    res.error = _error_message(obj["error"])
                     return res
                 if obj.get("usage"):
                     res.prompt_len = obj["usage"].get("prompt_tokens", res.prompt_len)
