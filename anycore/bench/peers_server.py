@@ -143,6 +143,7 @@ class Server:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
+                self.stop()  # closes the log; the caller never stops a server that failed to start
                 raise PeerUnavailable(f"{self.name} exited with {self.proc.returncode}; see {self.log_path}")
             try:
                 if httpx.get(f"{self.url}/health", timeout=2).status_code == 200 and \
