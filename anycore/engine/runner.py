@@ -51,6 +51,8 @@ class ModelRunner:
     def __init__(self, model: nn.Module, kv: KVPool) -> None:
         self.model = model
         self.kv = kv
+        self.k_layers = list(kv.k.unbind(0))  # per-layer views of the pool
+        self.v_layers = list(kv.v.unbind(0))
 
     def build_batch(self, out: SchedulerOutput) -> ForwardBatch:
         sched = out.scheduled
@@ -81,8 +83,8 @@ class ModelRunner:
             seq_lens=t(seq_lens),
             slot_table=t(slot_table),
             logits_indices=t(np.ascontiguousarray(logits_indices)),
-            k_cache=self.kv.k,
-            v_cache=self.kv.v,
+            k_cache=self.k_layers,
+            v_cache=self.v_layers,
         )
 
     @torch.inference_mode()

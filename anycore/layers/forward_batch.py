@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -22,5 +23,7 @@ class ForwardBatch:
     seq_lens: torch.Tensor  # [B] int64
     slot_table: torch.Tensor  # [B, max_seq_len] int64
     logits_indices: torch.Tensor  # [B'] rows whose next-token logits are wanted
-    k_cache: torch.Tensor  # [num_layers, num_slots, num_kv_heads, head_dim]
-    v_cache: torch.Tensor
+    # per layer: the [num_slots, num_kv_heads, head_dim] view of the pool (views made once, so
+    # a layer's lookup is a list index rather than a tensor op)
+    k_cache: Sequence[torch.Tensor]
+    v_cache: Sequence[torch.Tensor]

@@ -6,6 +6,7 @@ Architecture only; the blocks live in anycore.layers.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -68,6 +69,20 @@ class MLP(nn.Module):
         return self.down_proj(self.ops.silu_and_mul(self.gate_up_proj(x)))
 
 
+@dataclass
+class _FusedCall:
+    """A layer's arguments for ``ops.decoder_layer``, built once (see DecoderLayer._fused_call).
+
+    Invariant: valid while each projection still has the LinearMethod it had when this was
+    built; weights updated in place are seen, a swapped method (and its new tensors) is not."""
+
+    linears: tuple[Linear, ...]
+    methods: tuple
+    dtype: torch.dtype
+    weights: list
+    linear_impls: list[int]
+
+
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_idx: int, ops: KernelOps, dtype: torch.dtype, linear: MakeLinear) -> None:
         super().__init__()
@@ -76,6 +91,7 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops, dtype)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops, dtype)
         self.ops = ops
+        self._fused: _FusedCall | None = None
 
     def fused_args(self, dtype: torch.dtype) -> tuple[list, list[int]] | None:
         """(weights, linear variant indices) for ``ops.decoder_layer``, or None to run unfused:
@@ -94,16 +110,32 @@ class DecoderLayer(nn.Module):
                    *gate_up, *down]
         return weights, [qkv_i, o_i, gate_up_i, down_i]
 
+    def _fused_call(self, dtype: torch.dtype) -> _FusedCall | None:
+        """The cached fused_args, rebuilt when a projection's method was swapped (online
+        quantization) or the dtype changed; None while any projection has hooks."""
+        if self.ops.decoder_layer is None:
+            return None
+        call = self._fused
+        if call is None or call.dtype != dtype or any(lin.method is not m for lin, m in zip(call.linears, call.methods)):
+            args = self.fused_args(dtype)
+            if args is None:
+                return None
+            attn, mlp = self.self_attn, self.mlp
+            linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
+            call = self._fused = _FusedCall(linears, tuple(lin.method for lin in linears), dtype, *args)
+        if any(lin._forward_pre_hooks or lin._forward_hooks for lin in call.linears):
+            return None
+        return call
+
     def forward(self, hidden, residual, cos, sin, batch: ForwardBatch):
-        fused = self.fused_args(hidden.dtype)
+        fused = self._fused_call(hidden.dtype)
         if fused is not None:
-            attn = self.self_attn
-            weights, linear_impls = fused
+            attn = self.self_attn.attn
+            i = attn.layer_idx
             return self.ops.decoder_layer(
-                hidden, residual, weights, linear_impls, batch.k_cache[attn.attn.layer_idx],
-                batch.v_cache[attn.attn.layer_idx], batch.slot_mapping, cos, sin, batch.q_start_loc, batch.seq_lens,
-                batch.slot_table, attn.attn.num_heads, attn.attn.num_kv_heads, attn.head_dim,
-                self.input_layernorm.eps, attn.attn.scale,
+                hidden, residual, fused.weights, fused.linear_impls, batch.k_cache[i], batch.v_cache[i],
+                batch.slot_mapping, cos, sin, batch.q_start_loc, batch.seq_lens, batch.slot_table,
+                attn.num_heads, attn.num_kv_heads, attn.head_dim, self.input_layernorm.eps, attn.scale,
             )
         if residual is None:
             residual = hidden

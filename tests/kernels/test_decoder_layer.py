@@ -20,6 +20,7 @@ from tests.models.test_tiny_models import _configs, write_checkpoint
 def _set_fused(llm: LLM, on: bool, fused) -> None:
     for layer in llm.engine.model.layers:
         layer.ops = dataclasses.replace(layer.ops, decoder_layer=fused if on else None)
+        layer._fused = None
 
 
 def _run(llm: LLM):
