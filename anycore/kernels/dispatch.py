@@ -28,6 +28,10 @@ from anycore.platform.features import CpuFeatures, detect
 log = logging.getLogger("anycore.kernels")
 
 _NATIVE_DTYPES = (torch.float32, torch.bfloat16)
+# rows up to which the native bf16 linear beats oneDNN (one VDPBF16PS tile of activation rows;
+# measured: 1 thread, SmolLM2 decode shapes, native 26/28/35 ms vs oneDNN 48/49/50 ms at 1/2/4
+# rows, 56 vs 48 ms at 8)
+NATIVE_LINEAR_MAX_ROWS = 4
 
 
 @lru_cache(maxsize=1)
@@ -133,10 +137,12 @@ def _bind(op: str, idx: int, impl: str = "") -> Callable:
             return native(x, idx)
         return silu_and_mul
     if op == "linear":
-        # Native only where it measured faster than F.linear (oneDNN): one bf16 row (decode GEMV).
-        # Two or more rows, fp32, or odd layouts go to F.linear.
+        # Native only where it measured faster than F.linear (oneDNN): bf16 with at most
+        # NATIVE_LINEAR_MAX_ROWS rows (decode GEMV, small decode batches). More rows, fp32, or
+        # odd layouts go to F.linear. csrc/common/decoder_layer.cpp `project` applies the same rule.
         def linear(x, weight, bias=None):
-            if (x.dtype is torch.bfloat16 and weight.dtype is torch.bfloat16 and x.numel() == x.shape[-1]
+            if (x.dtype is torch.bfloat16 and weight.dtype is torch.bfloat16
+                    and x.numel() <= NATIVE_LINEAR_MAX_ROWS * x.shape[-1]
                     and weight.is_contiguous() and x.stride(-1) == 1):
                 return native(x, weight, bias, idx)
             return fallback(x, weight, bias)

@@ -26,6 +26,8 @@ enum OpIndex : int { kOpRmsNorm, kOpAddRmsNorm, kOpRotary, kOpSiluMul, kOpAttent
 
 using Weights = c10::List<std::optional<at::Tensor>>;
 
+constexpr int64_t kNativeLinearMaxRows = 4;  // = NATIVE_LINEAR_MAX_ROWS in kernels/dispatch.py
+
 at::Tensor required(const Weights& w, int i) {
   std::optional<at::Tensor> t = w.get(i);
   TORCH_CHECK(t.has_value() && t->defined(), "decoder_layer: weight #", i, " is required");
@@ -37,14 +39,14 @@ std::optional<at::Tensor> optional(const Weights& w, int i) {
   return t.has_value() && t->defined() ? t : std::nullopt;
 }
 
-// One projection. W8A8 when it has a scale; dense otherwise, on the native GEMV only for a
-// single bf16 row (where it beats oneDNN: the same rule as `linear` in kernels/dispatch.py),
-// at::linear (oneDNN) for everything else or when impl < 0.
+// One projection. W8A8 when it has a scale; dense otherwise, on the native GEMV only for bf16
+// with at most 4 rows (where it beats oneDNN: the same rule as `linear` in kernels/dispatch.py,
+// NATIVE_LINEAR_MAX_ROWS), at::linear (oneDNN) for everything else or when impl < 0.
 at::Tensor project(const at::Tensor& x, const Weights& w, int first, int64_t impl) {
   at::Tensor weight = required(w, first);
   std::optional<at::Tensor> scale = optional(w, first + 1), bias = optional(w, first + 2);
   if (scale.has_value()) return w8a8_linear(x, weight, *scale, bias, impl);
-  if (impl >= 0 && x.scalar_type() == at::kBFloat16 && weight.scalar_type() == at::kBFloat16 && x.size(0) == 1 &&
+  if (impl >= 0 && x.scalar_type() == at::kBFloat16 && weight.scalar_type() == at::kBFloat16 && x.size(0) <= kNativeLinearMaxRows &&
       weight.is_contiguous())
     return linear(x, weight, bias, impl);
   return at::linear(x, weight, bias);

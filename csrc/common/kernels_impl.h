@@ -350,7 +350,8 @@ void attn_item(const AttnArgs& a, const int64_t* item, int64_t split, float* scr
 
 // ---- small-M linear (GEMV) ---------------------------------------------------------------
 // Streams each weight row once per call; the M activation rows stay in L1. Four weight rows
-// at a time give four independent accumulator chains per activation row.
+// at a time give four independent accumulator chains per activation row; with VDPBF16PS,
+// up to four activation rows share each weight load (dot_tile_bf16).
 template <typename V, typename T>
 void linear_kernel(void* out_, const void* x_, int64_t xs, const void* w_, const void* bias_, int64_t m,
                    int64_t n, int64_t k) {
@@ -358,29 +359,34 @@ void linear_kernel(void* out_, const void* x_, int64_t xs, const void* w_, const
   const T* x = static_cast<const T*>(x_);
   const T* w = static_cast<const T*>(w_);
   const T* bias = static_cast<const T*>(bias_);
-  constexpr int64_t kRows = 4;
+  constexpr int64_t kRows = 4, kCols = 4;
   parallel_for((n + kRows - 1) / kRows, 1 + 8192 / (k > 0 ? k : 1), [&](int64_t b0, int64_t b1) {
     for (int64_t blk = b0; blk < b1; ++blk) {
       const int64_t n0 = blk * kRows, nr = n - n0 < kRows ? n - n0 : kRows;
-      for (int64_t i = 0; i < m; ++i) {
-        const T* xr = x + i * xs;
-        float res[kRows] = {};
+      for (int64_t i0 = 0; i0 < m; i0 += kCols) {
+        const int64_t mr = m - i0 < kCols ? m - i0 : kCols;
+        float res[kCols * kRows] = {};
         if constexpr (V::kBf16Dot && kIsBf16<T>) {
-          V::dot_rows_bf16(xr, w + n0 * k, k, nr, res);
+          V::dot_tile_bf16(x + i0 * xs, xs, mr, w + n0 * k, k, nr, res);
         } else {
-          V acc[kRows] = {V::zero(), V::zero(), V::zero(), V::zero()};
-          for (int64_t j = 0; j < k; j += V::W) {
-            V xv = load_any<V>(xr + j, k - j);
-            for (int64_t r = 0; r < nr; ++r) {
-              prefetch_stream(w + (n0 + r) * k + j);
-              acc[r] = V::fma(xv, load_any<V>(w + (n0 + r) * k + j, k - j), acc[r]);
+          for (int64_t i = 0; i < mr; ++i) {
+            const T* xr = x + (i0 + i) * xs;
+            V acc[kRows] = {V::zero(), V::zero(), V::zero(), V::zero()};
+            for (int64_t j = 0; j < k; j += V::W) {
+              V xv = load_any<V>(xr + j, k - j);
+              for (int64_t r = 0; r < nr; ++r) {
+                prefetch_stream(w + (n0 + r) * k + j);
+                acc[r] = V::fma(xv, load_any<V>(w + (n0 + r) * k + j, k - j), acc[r]);
+              }
             }
+            for (int64_t r = 0; r < nr; ++r) res[i * kRows + r] = acc[r].sum();
           }
-          for (int64_t r = 0; r < nr; ++r) res[r] = acc[r].sum();
         }
-        for (int64_t r = 0; r < nr; ++r) {
-          float y = res[r] + (bias ? to_float(bias[n0 + r]) : 0.0f);
-          out[i * n + n0 + r] = from_float<T>(y);
+        for (int64_t i = 0; i < mr; ++i) {
+          for (int64_t r = 0; r < nr; ++r) {
+            float y = res[i * kRows + r] + (bias ? to_float(bias[n0 + r]) : 0.0f);
+            out[(i0 + i) * n + n0 + r] = from_float<T>(y);
+          }
         }
       }
     }

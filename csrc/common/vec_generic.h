@@ -116,7 +116,7 @@ struct VecGeneric {
     return r;
   }
   static float dot_bf16(const bf16*, const bf16*, int64_t) { return 0.0f; }
-  static void dot_rows_bf16(const bf16*, const bf16*, int64_t, int64_t, float*) {}
+  static void dot_tile_bf16(const bf16*, int64_t, int64_t, const bf16*, int64_t, int64_t, float*) {}
 };
 
 }  // namespace

@@ -103,21 +103,44 @@ struct VecAvx512 {
 #endif
     return {_mm512_castsi512_ps(_mm512_slli_epi32(h, 16))};
   }
-  // res[r] = dot(x, w + r * k) for r < nr <= 4: x is loaded once per 32 elements for all rows
-  static void dot_rows_bf16(const bf16* x, const bf16* w, int64_t k, int64_t nr, float* res) {
+  // res[i * 4 + r] = dot(x + i * xs, w + r * k) for i < mr <= 4, r < nr <= 4: each weight
+  // vector is loaded once for all mr activation rows (small-batch GEMM reads W once).
+  static void dot_tile_bf16(const bf16* x, int64_t xs, int64_t mr, const bf16* w, int64_t k, int64_t nr,
+                            float* res) {
+    switch (mr) {
+      case 1: return dot_tile<1>(x, xs, w, k, nr, res);
+      case 2: return dot_tile<2>(x, xs, w, k, nr, res);
+      case 3: return dot_tile<3>(x, xs, w, k, nr, res);
+      default: return dot_tile<4>(x, xs, w, k, nr, res);
+    }
+  }
+  template <int MR>
+  static void dot_tile(const bf16* x, int64_t xs, const bf16* w, int64_t k, int64_t nr, float* res) {
 #ifdef ANYCORE_AVX512_BF16
-    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
-    for (int64_t i = 0; i < k; i += 32) {
-      __mmask32 m = k - i >= 32 ? ~__mmask32{0} : static_cast<__mmask32>((1ull << (k - i)) - 1ull);
-      __m512bh xv = (__m512bh)_mm512_maskz_loadu_epi16(m, x + i);
-      for (int64_t r = 0; r < nr; ++r) {
-        prefetch_stream(w + r * k + i);
-        acc[r] = _mm512_dpbf16_ps(acc[r], xv, (__m512bh)_mm512_maskz_loadu_epi16(m, w + r * k + i));
+    __m512 acc[MR][4];
+    for (int i = 0; i < MR; ++i)
+      for (int r = 0; r < 4; ++r) acc[i][r] = _mm512_setzero_ps();
+    for (int64_t j = 0; j < k; j += 32) {
+      __mmask32 m = k - j >= 32 ? ~__mmask32{0} : static_cast<__mmask32>((1ull << (k - j)) - 1ull);
+      __m512bh wv[4];
+      for (int r = 0; r < 4; ++r) {
+        if (r < nr) {
+          prefetch_stream(w + r * k + j);
+          wv[r] = (__m512bh)_mm512_maskz_loadu_epi16(m, w + r * k + j);
+        } else {
+          wv[r] = (__m512bh)_mm512_setzero_si512();
+        }
+      }
+      for (int i = 0; i < MR; ++i) {
+        __m512bh xv = (__m512bh)_mm512_maskz_loadu_epi16(m, x + i * xs + j);
+        for (int r = 0; r < 4; ++r) acc[i][r] = _mm512_dpbf16_ps(acc[i][r], xv, wv[r]);
       }
     }
-    for (int64_t r = 0; r < nr; ++r) res[r] = _mm512_reduce_add_ps(acc[r]);
+    for (int i = 0; i < MR; ++i)
+      for (int r = 0; r < nr; ++r) res[i * 4 + r] = _mm512_reduce_add_ps(acc[i][r]);
 #else
-    for (int64_t r = 0; r < nr; ++r) res[r] = dot_bf16(x, w + r * k, k);
+    for (int i = 0; i < MR; ++i)
+      for (int64_t r = 0; r < nr; ++r) res[i * 4 + r] = dot_bf16(x + i * xs, w + r * k, k);
 #endif
   }
   static float dot_bf16(const bf16* a, const bf16* b, int64_t n) {
