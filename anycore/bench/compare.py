@@ -44,6 +44,8 @@ def add_compare_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--server-gguf-types", default="Q8_0", help="llama-server: GGUF types to serve")
     g.add_argument("--hf-dtypes", default="bf16,fp32", help="transformers dtypes")
     g.add_argument("--no-anycore-server", action="store_true", help="skip anycore's own server in serve/prefix")
+    g.add_argument("--kernels-off", action="store_true",
+                   help="offline: also run anycore bf16 on the torch-native ops (kernels on vs off)")
     g.add_argument("--repeats", type=int, default=3)
     g.add_argument("--decode-tokens", type=int, default=128)
     g.add_argument("--prefill-tokens", type=int, default=512)
@@ -133,6 +135,10 @@ class Compare:
 
         attempt("anycore bf16", lambda: AnycoreRunner("anycore bf16", replace(self.config, dtype="bfloat16",
                                                                                quantization=None)))
+        if self.args.kernels_off:  # the same engine on the portable torch-native ops: what the kernels buy
+            attempt("anycore bf16 torch-native", lambda: AnycoreRunner(
+                "anycore bf16 torch-native", replace(self.config, dtype="bfloat16", quantization=None,
+                                                     kernels="torch-native")))
         if self.config.quantization:
             q = self.config.quantization
             attempt(f"anycore {q}", lambda: AnycoreRunner(f"anycore {q}", replace(self.config, dtype="bfloat16")))
