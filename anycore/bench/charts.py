@@ -12,8 +12,8 @@ from typing import Any
 from anycore.bench.report import workloads_in_order
 
 # workload-name prefix -> chart file suffix; each chart holds the workloads of that group
-GROUPS = (("decode", "decode"), ("prefill", "prefill"), ("batch", "batch"), ("serve", "serving"),
-          ("prefix", "prefix"))
+GROUPS = (("decode", "decode"), ("prefill", "prefill"), ("batch", "batch"), ("RSS", "memory"),
+          ("serve", "serving"), ("prefix", "prefix"))
 
 
 def _group(workload: str) -> str:

@@ -1,7 +1,9 @@
 """`anycore bench compare`: anycore against llama.cpp and transformers on the same model and prompts.
 
 Workloads (``--workloads``): decode (batch-1, tok/s after a 16-token prompt), prefill (one 512-token
-prompt), batch (offline, ``--batch-prompts`` prompts at once), serve (streaming HTTP at each
+prompt), batch (offline, ``--batch-prompts`` prompts at once), memory (RSS after load and after a
+short generation, each engine in a fresh process: anycore bf16, anycore ``--quantization``,
+llama.cpp's ``--gguf-types``), serve (streaming HTTP at each
 ``--concurrency``: output tok/s, TTFT p50, ITL p50), prefix (cold ~1000-token TTFT vs 16 requests
 sharing a ~1000-token prefix at concurrency 4). Engines run interleaved (A B C A B C ...) for
 ``--repeats`` rounds; each cell reports the median, the spread (CV), other processes' CPU use while
@@ -32,7 +34,7 @@ from anycore.bench.peers_offline import (
 )
 from anycore.bench.stats import interleave
 
-WORKLOADS = ("decode", "prefill", "batch", "serve", "prefix")
+WORKLOADS = ("decode", "prefill", "batch", "memory", "serve", "prefix")
 PEERS = ("llama-cpp", "llama-server", "transformers")
 
 
@@ -55,6 +57,7 @@ def add_compare_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--concurrency", default="1,4,16", help="serving concurrency levels")
     g.add_argument("--serve-input-len", type=int, default=100)
     g.add_argument("--serve-output-len", type=int, default=128)
+    g.add_argument("--memory-gen-tokens", type=int, default=32, help="memory: tokens generated before the 2nd RSS")
     g.add_argument("--prefix-len", type=int, default=992, help="shared-prefix workload: prefix tokens (suffixes: 20)")
     g.add_argument("--prompts-per-slot", type=int, default=4, help="serving requests per level = this x concurrency (min 4)")
     g.add_argument("--quick", action="store_true",
@@ -187,6 +190,43 @@ class Compare:
         for r in runners:
             r.close()
 
+    # ---- memory --------------------------------------------------------------------------
+    def memory(self, gguf: Path) -> None:
+        """RSS per engine, each in a fresh child process (anycore.bench.memory)."""
+        from anycore.bench import memory
+
+        n = self.args.memory_gen_tokens
+        probes: list[tuple[str, Any]] = [("anycore bf16", lambda: memory.anycore_rss(
+            replace(self.config, dtype="bfloat16", quantization=None), n))]
+        if self.config.quantization:
+            q = self.config.quantization
+            probes.append((f"anycore {q}", lambda: memory.anycore_rss(replace(self.config, dtype="bfloat16"), n)))
+        if "llama-cpp" in self.peers:
+            for qt in _csv(self.args.gguf_types):
+                probes.append((f"llama.cpp {qt}", lambda qt=qt: memory.llama_cpp_rss(
+                    gguf_variant(gguf, qt, self.cache / "gguf"), self.threads, n)))
+        for name, probe in probes:
+            self.log(f"memory: {name} in a fresh process")
+            with LoadMonitor() as mon:
+                try:
+                    r = probe()
+                except PeerUnavailable as e:
+                    self.skipped[f"{name} memory"] = str(e)
+                    continue
+                except Exception as e:  # noqa: BLE001 - a broken peer is reported, the others still run
+                    self.skipped[f"{name} memory"] = f"{type(e).__name__}: {e}"
+                    continue
+            load = mon.report.as_dict()
+            mb = 1 << 20
+            self.log(f"memory: {name}: RSS {r['import']['VmRSS'] / mb:.0f} MB after import, "
+                     f"{r['load']['VmRSS'] / mb:.0f} after load, {r['generate']['VmRSS'] / mb:.0f} after {n} tokens "
+                     f"(peak {r['generate']['VmHWM'] / mb:.0f})")
+            for point, title in (("load", "RSS after load"), ("generate", f"RSS after load + {n} tok")):
+                self.add(title, name, "MB", False, [r[point]["VmRSS"] / mb], [load],
+                         import_mb=r["import"]["VmRSS"] / mb, peak_mb=r[point]["VmHWM"] / mb,
+                         anon_mb=r[point].get("RssAnon", 0) / mb, file_mb=r[point].get("RssFile", 0) / mb,
+                         weight_bytes=r.get("weight_bytes"))
+
     # ---- serving -------------------------------------------------------------------------
     def _servers(self, gguf: Path) -> list[Any]:
         from anycore.bench import peers_server as ps
@@ -313,6 +353,9 @@ class Compare:
         if any(w in self.workloads for w in ("decode", "prefill", "batch")):
             self.offline(gguf, limits)
             self.checkpoint(self.result(gguf, t0, bw, peak, mon, flops_tok), partial=True)
+        if "memory" in self.workloads:
+            self.memory(gguf)
+            self.checkpoint(self.result(gguf, t0, bw, peak, mon, flops_tok), partial=True)
         if any(w in self.workloads for w in ("serve", "prefix")):
             self.serve(gguf)
         return self.result(gguf, t0, bw, peak, mon, flops_tok)
@@ -326,12 +369,14 @@ class Compare:
         return {
             "meta": {"started": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t0)), "seconds": time.time() - t0,
                      "cpu_model": hardware.cpu_model(), "machine": platform.machine(), "cpus": os.cpu_count(),
-                     "threads": self.threads, "model": str(gguf), "busiest_other_processes_at_start": self.busiest, "versions": versions(),
+                     "threads": self.threads, "model": str(gguf), "quantization": self.config.quantization,
+                     "busiest_other_processes_at_start": self.busiest, "versions": versions(),
                      "repeats": self.args.repeats, "args": {k: v for k, v in vars(self.args).items() if k != "func"},
                      "noise_thresholds": {"other_cores": self.args.noise_cores, "cv": self.args.noise_cv}},
             "hardware": {"bandwidth": bw, "peak_gemm_tflops": peak, "load": mon.report.as_dict(),
                          "prefill_flops_per_token": flops_tok},
             "engines": self.engines, "skipped": self.skipped, "measurements": self.measurements,
+            "targets": report.quantization_targets(self.measurements, self.config.quantization),
         }
 
 

@@ -50,6 +50,44 @@ def add_ratios(measurements: list[dict[str, Any]]) -> None:
         m["ratio"] = ratio(ref["median"], m["median"], m["higher_is_better"]) if ref and ref is not m else None
 
 
+# issue #5's benchmark targets for a quantized anycore engine: (workload prefix, peer, wanted
+# quantized/peer ratio, higher is better)
+QUANT_TARGETS = (("decode", "llama.cpp Q8_0", 1.3), ("prefill", "llama.cpp Q8_0", 2.0))
+
+
+def quantization_targets(measurements: list[dict[str, Any]], quantization: str | None) -> list[dict[str, Any]]:
+    """The quantized engine against its targets: decode and prefill vs llama.cpp Q8_0 (same
+    run), resident memory vs anycore bf16 (wanted: about half), decode's fraction of the
+    bandwidth limit. Cells not measured in this run are left out."""
+    if not quantization:
+        return []
+    quant = f"anycore {quantization}"
+    cells = {(m["workload"], m["engine"]): m for m in measurements}
+    out = []
+    for m in measurements:
+        if m["engine"] != quant:
+            continue
+        wl = m["workload"]
+        for prefix, peer, want in QUANT_TARGETS:
+            other = cells.get((wl, peer))
+            if wl.startswith(prefix) and other:
+                got = m["median"] / other["median"]
+                out.append({"workload": wl, "versus": peer, "ratio": got, "target": f">= {want}", "met": got >= want,
+                            "noisy": m["noisy"] or other["noisy"]})
+        if wl.startswith("RSS"):
+            base = cells.get((wl, "anycore bf16"))
+            if base:
+                got = m["median"] / base["median"]
+                base_over = base["median"] - base.get("import_mb", 0.0)
+                over = m["median"] - m.get("import_mb", 0.0)
+                out.append({"workload": wl, "versus": "anycore bf16", "ratio": got, "target": "~0.5", "met": got <= 0.6,
+                            "ratio_above_import": over / base_over if base_over > 0 else None, "noisy": False})
+        if wl.startswith("decode") and m.get("fraction_of_limit"):
+            out.append({"workload": wl, "versus": "bandwidth limit", "ratio": m["fraction_of_limit"], "target": "-",
+                        "met": None, "noisy": m["noisy"]})
+    return out
+
+
 def workloads_in_order(measurements: list[dict[str, Any]]) -> list[str]:
     seen: list[str] = []
     for m in measurements:
@@ -94,6 +132,13 @@ def format_table(result: dict[str, Any]) -> str:
     out.append("others = busiest repeat's mean CPU use by other processes (cores); of limit = decode vs "
                "bandwidth/weight bytes, prefill vs peak GEMM of its dtype; anycore/this = reference anycore "
                "median / this median (↑ higher is better: > 1 favours anycore; ↓ latency: < 1 favours anycore)")
+    for t in result.get("targets", []):
+        met = {True: "met", False: "NOT met", None: ""}[t["met"]]
+        extra = (f" (above the import baseline: {t['ratio_above_import']:.2f})"
+                 if t.get("ratio_above_import") is not None else "")
+        out.append(f"target: {t['workload']}: {result.get('meta', {}).get('quantization') or 'quantized'} / "
+                   f"{t['versus']} = {t['ratio']:.2f}{extra}, wanted {t['target']} {met}"
+                   + (" (NOISY)" if t["noisy"] else ""))
     for name, reason in result.get("skipped", {}).items():
         out.append(f"skipped {name}: {reason}")
     noisy = sum(m["noisy"] for m in ms)

@@ -1,0 +1,74 @@
+"""bench compare's memory phase and the quantization targets, with fake probes (no model)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from anycore.bench import compare as cmp
+from anycore.bench import memory, report
+from anycore.bench.peers_offline import PeerUnavailable
+from anycore.config import EngineConfig
+
+MB = 1 << 20
+
+
+def _args(tmp_path: Path, *argv: str) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    cmp.add_compare_args(p)
+    return p.parse_args(["--out", str(tmp_path / "r.json"), "--cache-dir", str(tmp_path / "cache"), *argv])
+
+
+def _fake_rss(load_mb: float, gen_mb: float, import_mb: float = 200.0) -> dict:
+    def point(mb: float) -> dict:
+        return {"VmRSS": mb * MB, "VmHWM": (mb + 50) * MB, "RssAnon": mb * 0.8 * MB, "RssFile": mb * 0.2 * MB}
+
+    return {"import": point(import_mb), "load": point(load_mb), "generate": point(gen_mb), "weight_bytes": 1e8}
+
+
+def test_memory_phase_rows_and_skips(tmp_path, monkeypatch):
+    seen = []
+
+    def anycore_rss(config, n):
+        seen.append((config.quantization, n))
+        return _fake_rss(400, 410) if config.quantization else _fake_rss(600, 620)
+
+    def llama_rss(path, threads, n):
+        raise PeerUnavailable("llama_cpp not importable")
+
+    monkeypatch.setattr(memory, "anycore_rss", anycore_rss)
+    monkeypatch.setattr(memory, "llama_cpp_rss", llama_rss)
+    monkeypatch.setattr(cmp, "gguf_variant", lambda src, qt, cache: src)
+    c = cmp.Compare(_args(tmp_path, "--gguf-types", "Q8_0", "--memory-gen-tokens", "8"),
+                    EngineConfig(threads=2, quantization="w8a8_int8"))
+    c.memory(tmp_path / "m.gguf")
+    assert seen == [(None, 8), ("w8a8_int8", 8)]
+    assert "llama.cpp Q8_0 memory" in c.skipped
+    rows = {(m["workload"], m["engine"]): m for m in c.measurements}
+    assert rows[("RSS after load", "anycore bf16")]["median"] == pytest.approx(600)
+    gen = rows[("RSS after load + 8 tok", "anycore w8a8_int8")]
+    assert gen["median"] == pytest.approx(410) and gen["import_mb"] == pytest.approx(200)
+    assert not gen["higher_is_better"] and gen["unit"] == "MB"
+    targets = report.quantization_targets(c.measurements, "w8a8_int8")
+    t = next(t for t in targets if t["workload"] == "RSS after load + 8 tok")
+    assert t["ratio"] == pytest.approx(410 / 620) and t["ratio_above_import"] == pytest.approx(210 / 420)
+    assert t["met"] is False
+
+
+def test_targets_against_llama_cpp_q8_0():
+    def cell(workload, engine, median, limit=None):
+        return report.measurement(workload, engine, "tok/s", True, [median], [{"other_cores": 0.0}], limit)
+
+    ms = [cell("decode b=1", "anycore bf16", 60), cell("decode b=1", "anycore w8a8_int8", 220, limit=400),
+          cell("decode b=1", "llama.cpp Q8_0", 160), cell("prefill 512", "anycore w8a8_int8", 1500),
+          cell("prefill 512", "llama.cpp Q8_0", 900)]
+    got = {(t["workload"], t["versus"]): t for t in report.quantization_targets(ms, "w8a8_int8")}
+    assert got[("decode b=1", "llama.cpp Q8_0")]["ratio"] == pytest.approx(220 / 160)
+    assert got[("decode b=1", "llama.cpp Q8_0")]["met"] is True
+    assert got[("prefill 512", "llama.cpp Q8_0")]["met"] is False
+    assert got[("decode b=1", "bandwidth limit")]["ratio"] == pytest.approx(0.55)
+    assert report.quantization_targets(ms, None) == []
+    text = report.format_table({"measurements": ms, "targets": list(got.values()), "meta": {"quantization": "w8a8_int8"}})
+    assert "wanted >= 2.0 NOT met" in text and "wanted >= 1.3 met" in text
