@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from anycore.kernels.int8 import TORCH_NATIVE_W8A8, Int8Linear, quantize_weight_per_channel
 from anycore.kernels.ops import KernelOps
 
 
@@ -19,7 +20,16 @@ class VocabEmbedding(nn.Module):
 
 
 class LogitsHead(nn.Module):
-    """fp32 logits for the selected rows; shares the embedding matrix when tied."""
+    """fp32 logits for the selected rows; shares the embedding matrix when tied.
+
+    ``quantize_int8(kernel, input_absmax)`` switches it to W8A8 (the linear layers' scheme: int8
+    rows with per-row scales, activations quantized per token, fp32 logits straight from the
+    kernel), halving the largest matrix a decode step streams. Given the calibration's
+    per-channel max |hidden|, outliers are smoothed SmoothQuant-style: hidden channel j is
+    divided by s_j at run time and the int8 copy's column j is multiplied by it. Measured on
+    SmolLM2-135M (wikitext-2, 32k tokens, W8A8 body): perplexity +0.2% smoothed, +0.5% without.
+    An untied head drops its float matrix; a tied one leaves the embedding's for the lookups.
+    """
 
     def __init__(
         self, vocab_size: int, hidden_size: int, dtype: torch.dtype, tied_to: VocabEmbedding | None,
@@ -28,9 +38,37 @@ class LogitsHead(nn.Module):
         super().__init__()
         self.tied_to = tied_to
         self.matmul = ops.linear if ops is not None else F.linear
+        self.kernels = ops
+        self.int8_kernel: Int8Linear | None = None
         if tied_to is None:
             self.weight = nn.Parameter(torch.empty(vocab_size, hidden_size, dtype=dtype), requires_grad=False)
 
+    @torch.inference_mode()
+    def quantize_int8(self, input_absmax: torch.Tensor | None = None, alpha: float = 0.5,
+                      kernel: Int8Linear | None = None) -> None:
+        """``kernel``: default the kernel table's ``w8a8_linear`` (torch-native without one)."""
+        if kernel is None:
+            kernel = self.kernels.w8a8_linear if self.kernels is not None else TORCH_NATIVE_W8A8
+        weight = (self.tied_to.weight if self.tied_to is not None else self.weight).data.float()
+        inv_smooth = None
+        if input_absmax is not None:
+            s = input_absmax.float().clamp(min=1e-5).pow(alpha) / weight.abs().amax(dim=0).clamp(min=1e-5).pow(1 - alpha)
+            s = s.clamp(min=1e-5)
+            weight = weight * s[None, :]
+            inv_smooth = (1.0 / s).contiguous()
+        qweight, scale = quantize_weight_per_channel(weight)
+        del weight
+        self.register_buffer("qweight_packed", kernel.pack(qweight))
+        self.register_buffer("w_scale", scale.contiguous())
+        self.register_buffer("inv_smooth", inv_smooth)
+        self.int8_kernel = kernel
+        if self.tied_to is None:
+            del self.weight
+            self.register_buffer("weight", None, persistent=False)
+
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.int8_kernel is not None:
+            x = hidden.float() if self.inv_smooth is None else hidden.float() * self.inv_smooth
+            return self.int8_kernel(x, self.qweight_packed, self.w_scale)
         weight = self.tied_to.weight if self.tied_to is not None else self.weight
         return self.matmul(hidden, weight).float()
