@@ -29,6 +29,11 @@ struct DotprodMicro {
 #pragma GCC unroll 4
       for (int r = 0; r < R; ++r) av[r] = vld1q_s8(a + r * kp + kk);
       const int8_t* wg = w + kk * kI8Panel;  // 4 groups of 64 bytes
+      // the panel is one linear stream (kNP = 1): keep fills in flight ahead of it (decode GEMV)
+      prefetch_stream(wg);
+      prefetch_stream(wg + 64);
+      prefetch_stream(wg + 128);
+      prefetch_stream(wg + 192);
 #define ANYCORE_SDOT_GROUP(L)                                                        \
   {                                                                                  \
     const int8x16_t w0 = vld1q_s8(wg + (L) * 64), w1 = vld1q_s8(wg + (L) * 64 + 16); \

@@ -33,6 +33,8 @@ struct I8mmMicro {
 #pragma GCC unroll 2
       for (int q = 0; q < RP; ++q) av[q] = vld1q_s8(a + q * 2 * kp + kb * 16);
       const int8_t* wb = w + kb * 128;
+      prefetch_stream(wb);  // one linear stream per panel (kNP = 1), two lines per step
+      prefetch_stream(wb + 64);
 #pragma GCC unroll 8
       for (int j = 0; j < 8; ++j) {
         const int8x16_t wv = vld1q_s8(wb + j * 16);

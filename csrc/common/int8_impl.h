@@ -25,6 +25,7 @@
 #include "bf16.h"
 #include "kernel_table.h"
 #include "parallel.h"
+#include "prefetch.h"
 
 namespace anycore {
 namespace {
@@ -236,9 +237,35 @@ inline I8Work i8_work(int64_t m, int64_t n, int64_t kp, int64_t mr, int64_t nb) 
   return w;
 }
 
+// At most M::kMR rows (decode): each weight byte is read once, so the split is by 16-column
+// panels (64-column blocks left 5:4 shares of N = 576 between 2 threads) and a thread's panels
+// are one contiguous run of memory, M::kNP panels per tile (the micro-kernels prefetch ahead).
+template <class M>
+void i8_gemm_rows(const W8A8Args& a) {
+  using L = I8Layout<M>;
+  const int64_t n = a.n, kp = L::kp(a.k);
+  const int8_t* act = static_cast<const int8_t*>(a.workspace);
+  const float* xs = i8_row_scales<M>(a);
+  const int8_t* w = static_cast<const int8_t*>(a.w);
+  const int32_t* colsum = reinterpret_cast<const int32_t*>(w + L::weight_bytes(n, a.k));
+  constexpr int64_t NB = M::kNP * kI8Panel;
+  const int rows = static_cast<int>(a.m);
+  const int64_t grain = 1 + (int64_t{1} << 15) / (kI8Panel * kp);  // >= 32 KiB of weights a thread
+  parallel_for(L::np(n) / kI8Panel, grain, [&](int64_t p0, int64_t p1) {
+    alignas(64) int32_t c[M::kMR * NB];
+    for (int64_t p = p0; p < p1; p += M::kNP) {
+      const int panels = static_cast<int>(i8_min(M::kNP, p1 - p));
+      const int64_t n0 = p * kI8Panel;
+      i8_tile<M>(rows, panels, act, kp, w + n0 * kp, kI8Panel * kp, c);
+      i8_epilogue<M>(a, c, NB, 0, rows, n0, i8_min(panels * kI8Panel, n - n0), colsum, xs);
+    }
+  });
+}
+
 // The int32 tiles with micro-kernel M and the epilogue, on activations already in the workspace.
 template <class M>
 void i8_gemm(const W8A8Args& a) {
+  if (a.m <= M::kMR) return i8_gemm_rows<M>(a);
   using L = I8Layout<M>;
   const int64_t m = a.m, n = a.n, kp = L::kp(a.k);
   const int8_t* act = static_cast<const int8_t*>(a.workspace);
