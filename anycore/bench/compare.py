@@ -72,6 +72,12 @@ def add_compare_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--settle", type=float, default=0.3, help="seconds of idle between measurements")
     g.add_argument("--noise-cores", type=float, default=0.15, help="flag a cell when others used more cores")
     g.add_argument("--noise-cv", type=float, default=0.10, help="flag a cell whose repeats spread more")
+    g.add_argument("--retry-noisy", type=int, default=0,
+                   help="offline: measure a repeat again (up to N more times) when other processes used more than "
+                        "--noise-cores while it ran; the discarded attempts are counted in the JSON")
+    g.add_argument("--quiet-wait", type=float, default=0.0,
+                   help="offline: before each attempt, wait up to this many seconds for a second in which other "
+                        "processes use less than --noise-cores (shared machines)")
 
 
 def apply_quick(args: argparse.Namespace) -> None:
@@ -168,10 +174,19 @@ class Compare:
             title, fn = jobs[wl]
             vals: dict[str, list[float]] = {r.name: [] for r in runners}
             loads: dict[str, list[dict[str, float]]] = {r.name: [] for r in runners}
+            discarded: dict[str, int] = {r.name: 0 for r in runners}
             for rep, runner in interleave(runners, a.repeats):
-                time.sleep(a.settle)
-                with LoadMonitor() as mon:
-                    v = fn(runner, random.Random(10_000 * rep + 7))  # same prompts for every engine
+                for attempt in range(1 + max(0, a.retry_noisy)):
+                    time.sleep(a.settle)
+                    wait_for_quiet(a.noise_cores, a.quiet_wait)
+                    with LoadMonitor() as mon:
+                        v = fn(runner, random.Random(10_000 * rep + 7))  # same prompts for every engine
+                    others = mon.report.other_cores
+                    if v is not None and others > a.noise_cores and attempt < a.retry_noisy:
+                        discarded[runner.name] += 1
+                        self.log(f"{title} [{rep}] {runner.name}: {v:.1f} tok/s discarded (others {others:.2f} cores)")
+                        continue
+                    break
                 if v is None:
                     continue
                 vals[runner.name].append(v)
@@ -186,7 +201,7 @@ class Compare:
                 elif wl == "prefill" and limits.get("peak", {}).get(r.dtype_class):
                     limit = limits["peak"][r.dtype_class] * 1e12 / limits["prefill_flops_per_token"]
                 self.add(title, r.name, "tok/s", True, vals[r.name], loads[r.name], limit,
-                         dtype_class=r.dtype_class, weight_bytes=r.weight_bytes)
+                         dtype_class=r.dtype_class, weight_bytes=r.weight_bytes, discarded_noisy=discarded[r.name])
         for r in runners:
             r.close()
 
@@ -378,6 +393,20 @@ class Compare:
             "engines": self.engines, "skipped": self.skipped, "measurements": self.measurements,
             "targets": report.quantization_targets(self.measurements, self.config.quantization),
         }
+
+
+def wait_for_quiet(max_other_cores: float, max_wait: float, window: float = 1.0) -> bool:
+    """Waits (up to ``max_wait`` s) for a ``window`` in which other processes used at most
+    ``max_other_cores``; True when one came (or no wait was asked for)."""
+    if max_wait <= 0:
+        return True
+    end = time.monotonic() + max_wait
+    while time.monotonic() < end:
+        with LoadMonitor(interval=window) as mon:
+            time.sleep(window)
+        if mon.report.other_cores <= max_other_cores:
+            return True
+    return False
 
 
 def _model_shape(gguf: Path) -> dict[str, int]:

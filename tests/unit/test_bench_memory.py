@@ -72,3 +72,37 @@ def test_targets_against_llama_cpp_q8_0():
     assert report.quantization_targets(ms, None) == []
     text = report.format_table({"measurements": ms, "targets": list(got.values()), "meta": {"quantization": "w8a8_int8"}})
     assert "wanted >= 2.0 NOT met" in text and "wanted >= 1.3 met" in text
+
+
+def test_noisy_repeat_is_measured_again(tmp_path, monkeypatch):
+    from anycore.bench import peers_offline
+    from anycore.bench.load import LoadReport
+
+    class Runner(peers_offline.Runner):
+        def __init__(self, name, *_, **__):
+            super().__init__(name, "bf16", 1_000_000, {})
+            self.calls = 0
+
+        def decode(self, n, rng):
+            self.calls += 1
+            return float(self.calls)
+
+    others = iter([0.9, 0.0, 0.0, 0.9, 0.9])  # anycore: noisy then quiet; 2nd repeat quiet; ...
+
+    class FakeMonitor:
+        def __enter__(self):
+            self.report = LoadReport(wall_s=1.0, other_cores=next(others, 0.0))
+            return self
+
+        def __exit__(self, *exc):
+            return None
+
+    monkeypatch.setattr(cmp, "AnycoreRunner", Runner)
+    monkeypatch.setattr(cmp, "LoadMonitor", lambda *a, **k: FakeMonitor())
+    c = cmp.Compare(_args(tmp_path, "--peers", "none", "--repeats", "3", "--workloads", "decode",
+                          "--retry-noisy", "1", "--settle", "0"), EngineConfig(threads=2))
+    c.offline(tmp_path / "m.gguf", {})
+    (m,) = c.measurements
+    # repeat 0: attempt 1 discarded (0.9), attempt 2 kept; repeat 1 kept; repeat 2: 0.9 then 0.9, the last kept
+    assert m["values"] == [2.0, 3.0, 5.0] and m["discarded_noisy"] == 2
+    assert m["noisy"]  # the kept last attempt was still busy: the cell says so
