@@ -236,8 +236,10 @@ class Compare:
             self.log(f"memory: {name}: RSS {r['import']['VmRSS'] / mb:.0f} MB after import, "
                      f"{r['load']['VmRSS'] / mb:.0f} after load, {r['generate']['VmRSS'] / mb:.0f} after {n} tokens "
                      f"(peak {r['generate']['VmHWM'] / mb:.0f})")
+            # resident memory does not depend on other processes' CPU use: no noise flag from it
+            # (the load is kept in the JSON as cpu_load_while_probing)
             for point, title in (("load", "RSS after load"), ("generate", f"RSS after load + {n} tok")):
-                self.add(title, name, "MB", False, [r[point]["VmRSS"] / mb], [load],
+                self.add(title, name, "MB", False, [r[point]["VmRSS"] / mb], [], cpu_load_while_probing=load,
                          import_mb=r["import"]["VmRSS"] / mb, peak_mb=r[point]["VmHWM"] / mb,
                          anon_mb=r[point].get("RssAnon", 0) / mb, file_mb=r[point].get("RssFile", 0) / mb,
                          weight_bytes=r.get("weight_bytes"))
@@ -353,9 +355,14 @@ class Compare:
         torch.set_num_threads(self.threads)
         self.busiest = busiest = top_other_processes()
         self.log(f"model {gguf}, {self.threads} threads; busiest other processes now (cores): {busiest}")
-        with LoadMonitor() as mon:
-            bw = hardware.memory_bandwidth(self.threads, self.cache)
-            peak = hardware.peak_gemm(self.threads)
+        for _ in range(1 + max(0, self.args.retry_noisy)):  # the limits are as load-sensitive as the cells
+            wait_for_quiet(self.args.noise_cores, self.args.quiet_wait)
+            with LoadMonitor() as mon:
+                bw = hardware.memory_bandwidth(self.threads, self.cache)
+                peak = hardware.peak_gemm(self.threads)
+            if mon.report.other_cores <= self.args.noise_cores:
+                break
+            self.log(f"limits measured while others used {mon.report.other_cores:.2f} cores; measuring again")
         self.log(f"read bandwidth {bw['gb_s']:.1f} GB/s; peak GEMM {peak} (others {mon.report.other_cores:.2f} cores)")
         st = gguf_stats(gguf)
         mc = _model_shape(gguf)
