@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from anycore.kernels.dispatch import make_op
 from anycore.kernels.int8 import (
     Int8Linear,
     quantize_per_token,
@@ -130,3 +131,21 @@ def test_wrong_packed_weight_is_refused(kernel, impl):
         kernel(torch.randn(1, 64), packed[:-16], ws)
     with pytest.raises(RuntimeError, match="packed int8 weight"):
         kernel(torch.randn(1, 200), packed, ws)  # another K: another packed size in every layout
+
+
+@pytest.mark.parametrize("m, k, n", [(1, 576, 960), (1, 37, 19), (3, 100, 33), (7, 64, 130), (40, 577, 70)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_same_bits_as_generic(kernel, impl, m, k, n, dtype):
+    """Variants with their own (vectorised) epilogue keep the portable one's arithmetic exactly:
+    same quantized activations and int32 sums, so the outputs must be bit-identical."""
+    if impl in ("torch-native", "reference", "generic"):
+        pytest.skip("compares native variants with generic")
+    generic = make_op(OP, "generic")
+    x = (torch.randn(m, k) * 3).to(dtype)
+    qw, ws = quantize_weight_per_channel(torch.randn(n, k))
+    for bias in (None, torch.randn(n).to(dtype)):
+        got = kernel(x, kernel.pack(qw), ws, bias)
+        want = generic(x, generic.pack(qw), ws, bias)
+        assert torch.equal(got, want)
+    xq, _ = quantize_per_token(x.float())
+    assert torch.equal(kernel.acc(xq, kernel.pack(qw), n), generic.acc(xq, generic.pack(qw), n))
