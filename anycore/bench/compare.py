@@ -179,8 +179,10 @@ class Compare:
                 for attempt in range(1 + max(0, a.retry_noisy)):
                     time.sleep(a.settle)
                     wait_for_quiet(a.noise_cores, a.quiet_wait)
+                    # same prompts for every engine; a retry gets new ones (anycore's prefix cache
+                    # holds the discarded attempt's prompt)
                     with LoadMonitor() as mon:
-                        v = fn(runner, random.Random(10_000 * rep + 7))  # same prompts for every engine
+                        v = fn(runner, random.Random(10_000 * rep + 7 + 1_000_003 * attempt))
                     others = mon.report.other_cores
                     if v is not None and others > a.noise_cores and attempt < a.retry_noisy:
                         discarded[runner.name] += 1

@@ -82,9 +82,11 @@ def test_noisy_repeat_is_measured_again(tmp_path, monkeypatch):
         def __init__(self, name, *_, **__):
             super().__init__(name, "bf16", 1_000_000, {})
             self.calls = 0
+            self.draws: list[int] = []
 
         def decode(self, n, rng):
             self.calls += 1
+            self.draws.append(rng.randrange(10**9))  # stands for the prompt
             return float(self.calls)
 
     others = iter([0.9, 0.0, 0.0, 0.9, 0.9])  # anycore: noisy then quiet; 2nd repeat quiet; ...
@@ -101,8 +103,12 @@ def test_noisy_repeat_is_measured_again(tmp_path, monkeypatch):
     monkeypatch.setattr(cmp, "LoadMonitor", lambda *a, **k: FakeMonitor())
     c = cmp.Compare(_args(tmp_path, "--peers", "none", "--repeats", "3", "--workloads", "decode",
                           "--retry-noisy", "1", "--settle", "0"), EngineConfig(threads=2))
+    runners = []
+    monkeypatch.setattr(cmp, "AnycoreRunner", lambda *a, **k: runners.append(Runner(*a, **k)) or runners[-1])
     c.offline(tmp_path / "m.gguf", {})
     (m,) = c.measurements
+    draws = runners[0].draws
+    assert draws[0] != draws[1]  # a retry never reuses the discarded attempt's prompt (prefix cache)
     # repeat 0: attempt 1 discarded (0.9), attempt 2 kept; repeat 1 kept; repeat 2: 0.9 then 0.9, the last kept
     assert m["values"] == [2.0, 3.0, 5.0] and m["discarded_noisy"] == 2
     assert m["noisy"]  # the kept last attempt was still busy: the cell says so
