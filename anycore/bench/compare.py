@@ -179,10 +179,12 @@ class Compare:
                 for attempt in range(1 + max(0, a.retry_noisy)):
                     time.sleep(a.settle)
                     wait_for_quiet(a.noise_cores, a.quiet_wait)
-                    # same prompts for every engine; a retry gets new ones (anycore's prefix cache
-                    # holds the discarded attempt's prompt)
+                    # same prompts for every engine; new ones for each workload and retry (anycore's
+                    # prefix cache holds every earlier prompt: the decode prompt would be the first
+                    # 16 tokens of the prefill one, a discarded attempt's the whole of it)
+                    seed = 10_000 * rep + 7 + 101 * WORKLOADS.index(wl) + 1_000_003 * attempt
                     with LoadMonitor() as mon:
-                        v = fn(runner, random.Random(10_000 * rep + 7 + 1_000_003 * attempt))
+                        v = fn(runner, random.Random(seed))
                     others = mon.report.other_cores
                     if v is not None and others > a.noise_cores and attempt < a.retry_noisy:
                         discarded[runner.name] += 1
