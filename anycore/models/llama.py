@@ -18,7 +18,7 @@ from anycore.layers.embedding import LogitsHead, VocabEmbedding
 from anycore.layers.forward_batch import ForwardBatch
 from anycore.layers.linear import Linear, LinearMethod
 from anycore.layers.norm import RMSNorm
-from anycore.layers.quant.smoothing import SmoothPair
+from anycore.layers.quant.smoothing import SmoothPair, gqa_rows
 from anycore.layers.rotary import RotaryTable
 from anycore.models.registry import register
 
@@ -186,14 +186,19 @@ class LlamaForCausalLM(nn.Module):
 
     def smooth_pairs(self) -> list[SmoothPair]:
         """Where activation smoothing can be folded (see anycore.layers.quant.smoothing)."""
+        cfg = self.config
+        o_from_v = gqa_rows(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)  # o input channel -> v row
         pairs = []
         for layer in self.layers:
             attn, mlp = layer.self_attn, layer.mlp
             up_rows = mlp.gate_up_proj.weight[mlp.down_proj.in_features :]
+            v_start = attn.q_size + attn.kv_size
+            v_bias = attn.qkv_proj.bias[v_start:] if attn.qkv_proj.bias is not None else None
             pairs += [
                 SmoothPair(attn.qkv_proj, layer.input_layernorm.weight),
                 SmoothPair(mlp.gate_up_proj, layer.post_attention_layernorm.weight),
                 SmoothPair(mlp.down_proj, up_rows),
+                SmoothPair(attn.o_proj, attn.qkv_proj.weight[v_start:], v_bias, o_from_v),
             ]
         return pairs
 

@@ -8,7 +8,7 @@ from torch import nn
 
 from anycore.layers.embedding import LogitsHead
 from anycore.layers.linear import Linear
-from anycore.layers.quant.smoothing import collect_input_absmax, smooth
+from anycore.layers.quant.smoothing import collect_input_stats, smooth
 from anycore.layers.quant.w8a8_int8 import W8A8Int8LinearMethod
 
 QUANTIZATION_METHODS = {"w8a8_int8": W8A8Int8LinearMethod}
@@ -41,30 +41,32 @@ def resolve_quantization(requested: str | None, hf_config: dict) -> tuple[str | 
 
 
 def quantize_online(model: nn.Module, make_method: Callable, run_calibration: Callable[[], object],
-                    alpha: float = 0.5, lm_head: bool = False) -> None:
-    """Smooths activation outliers into the weights (when the model declares where), then
-    switches every Linear to the quantized method and converts its weights. ``lm_head``: the
-    logits head too (``LogitsHead.quantize_int8``, smoothed with the same calibration pass)."""
+                    alpha: float | None = None, lm_head: bool = False) -> None:
+    """Smooths activation outliers into the weights (when the model declares where; ``alpha``
+    None: searched per pair, see smoothing.py), then switches every Linear to the quantized
+    method and converts its weights. ``lm_head``: the logits head too
+    (``LogitsHead.quantize_int8``, smoothed with the same calibration pass, alpha 0.5)."""
     _quantize(model, make_method, run_calibration, alpha, lm_head)
     release_free_heap()  # after _quantize's locals (views of float weights among them) are gone
 
 
-def _quantize(model: nn.Module, make_method: Callable, run_calibration: Callable[[], object], alpha: float,
-              lm_head: bool) -> None:
+def _quantize(model: nn.Module, make_method: Callable, run_calibration: Callable[[], object],
+              alpha: float | None, lm_head: bool) -> None:
     pairs = model.smooth_pairs() if hasattr(model, "smooth_pairs") else []
     head = getattr(model, "lm_head", None) if lm_head else None
     if head is not None and not isinstance(head, LogitsHead):
         raise ValueError(f"{type(model).__name__} has no LogitsHead to quantize")
     observed = [p.linear for p in pairs] + ([head] if head is not None else [])
-    absmax = collect_input_absmax(observed, run_calibration) if observed else {}
+    stats = collect_input_stats(observed, run_calibration) if observed else {}
     if pairs:
-        smooth(pairs, absmax, alpha)
+        smooth(pairs, stats, alpha)
     for module in model.modules():
         if isinstance(module, Linear):
             module.method = make_method()
             module.method.process_weights_after_loading(module)
     if head is not None:
-        head.quantize_int8(absmax.get(id(head)), alpha)
+        head_stats = stats.get(id(head))
+        head.quantize_int8(head_stats.absmax if head_stats else None, 0.5 if alpha is None else alpha)
 
 
 def release_free_heap() -> None:
