@@ -78,17 +78,61 @@ def _bench(args: argparse.Namespace) -> int:
 def _eval(args: argparse.Namespace) -> int:
     import json
 
-    from anycore.engine.engine import Engine
-    from anycore.eval_perplexity import perplexity, tokenize_file
+    from anycore.eval_perplexity import LlamaCppScorer, perplexity, tokenize_file
 
-    engine = Engine(engine_config(args))
-    ids = tokenize_file(engine, args.dataset, args.max_tokens)
-    r = perplexity(engine, ids, args.ctx)
+    if args.llama_cpp:
+        # llama.cpp scores the very token ids anycore's tokenizer makes (identical windows)
+        from anycore.loader import open_model_source
+
+        source = open_model_source(args.model)
+        ids = tokenize_file(source, args.dataset, args.max_tokens)
+        scorer = LlamaCppScorer(args.llama_cpp, args.ctx, args.threads)
+        own = scorer.tokenize(source.tokenizer.decode(ids))
+        label = f"llama.cpp {args.llama_cpp}"
+        print(f"llama.cpp tokenizes the text of these {len(ids)} tokens into {len(own)} tokens "
+              f"({'identical ids' if own == ids else 'different ids'}); scoring anycore's ids")
+    else:
+        from anycore.engine.engine import Engine
+
+        scorer = Engine(engine_config(args))
+        ids = tokenize_file(scorer, args.dataset, args.max_tokens)
+        label = f"dtype {args.dtype}, quantization {args.quantization or 'none'}"
+    r = perplexity(scorer, ids, args.ctx)
     print(f"perplexity {r.perplexity:.4f} over {r.tokens_scored} scored tokens ({r.windows} windows of {r.ctx}, "
-          f"first {len(ids)} tokens of {args.dataset}; dtype {args.dtype}) in {r.seconds:.1f}s")
+          f"first {len(ids)} tokens of {args.dataset}; {label}) in {r.seconds:.1f}s")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(vars(r) | {"dtype": args.dtype, "dataset": args.dataset, "tokens": len(ids)}, f, indent=2)
+            json.dump(vars(r) | {"dtype": args.dtype, "quantization": args.quantization, "llama_cpp": args.llama_cpp,
+                                 "dataset": args.dataset, "tokens": len(ids)}, f, indent=2)
+    return 0
+
+
+def _agreement(args: argparse.Namespace) -> int:
+    import json
+    from dataclasses import asdict, replace
+
+    from anycore.eval_agreement import greedy_agreement
+    from anycore.llm import LLM
+
+    config = engine_config(args)
+    ref_config = replace(config, quantization=None, dtype=args.reference_dtype or config.dtype)
+    if ref_config == config:
+        print("eval agreement needs a candidate that differs from its reference: pass --quantization "
+              "or a --reference-dtype other than --dtype", file=sys.stderr)
+        return 2
+    reference = LLM.from_config(ref_config)
+    candidate = LLM.from_config(config)
+    r = greedy_agreement(reference, candidate, max_tokens=args.tokens, chat=not args.plain)
+    print(f"greedy agreement, {args.dtype} {config.quantization or 'dense'} vs {ref_config.dtype} dense: "
+          f"{r.position_agreement:.1%} of {r.prompts}x{r.max_tokens} positions before the first divergence; "
+          f"{r.identical:.1%} of prompts identical")
+    print(f"teacher-forced: the candidate's greedy token equals the reference's at {r.teacher_forced:.1%} of "
+          f"positions (the reference itself, prefill vs its own decode: {r.reference_teacher_forced:.1%})")
+    print("first divergence per prompt:", " ".join(map(str, r.first_divergence)))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(asdict(r) | {"dtype": args.dtype, "quantization": config.quantization,
+                                   "reference_dtype": ref_config.dtype, "chat": not args.plain}, f, indent=2)
     return 0
 
 
@@ -137,8 +181,18 @@ def build_parser() -> argparse.ArgumentParser:
     ppl.add_argument("--dataset", required=True, help="UTF-8 text file, e.g. wikitext-2-raw-test.txt")
     ppl.add_argument("--ctx", type=int, default=512, help="window length; the second half of each is scored")
     ppl.add_argument("--max-tokens", type=int, default=32768, help="use the first N tokens of the file (0: all)")
+    ppl.add_argument("--llama-cpp", default=None, metavar="GGUF",
+                     help="score with llama.cpp on this GGUF file instead (same token ids and windows)")
     ppl.add_argument("--json", default=None)
     ppl.set_defaults(func=_eval)
+    agr = ev_sub.add_parser("agreement", help="greedy agreement of a quantized model with its float reference")
+    add_engine_args(agr)
+    agr.add_argument("--reference-dtype", default=None, choices=["bfloat16", "float32"],
+                     help="the reference's dtype (default: --dtype); it is never quantized")
+    agr.add_argument("--tokens", type=int, default=64, help="greedy tokens per prompt (EOS ignored)")
+    agr.add_argument("--plain", action="store_true", help="plain-text prompts (default: the chat template)")
+    agr.add_argument("--json", default=None)
+    agr.set_defaults(func=_agreement)
 
     quant = sub.add_parser("quantize", help="write a W8A8 INT8 compressed-tensors checkpoint")
     add_engine_args(quant)

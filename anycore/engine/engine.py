@@ -180,15 +180,23 @@ class Engine:
         return self._detok[request_id].text
 
     # ---- scoring --------------------------------------------------------------------------------
-    @torch.inference_mode()
     def score(self, token_ids: list[int]) -> torch.Tensor:
-        """log p(token[i+1] | tokens[:i+1]) for every i: ``[len - 1]`` fp32.
+        """log p(token[i+1] | tokens[:i+1]) for every i: ``[len - 1]`` fp32."""
+        if len(token_ids) < 2:
+            raise ValueError(f"score() takes 2..{self.max_model_len} tokens, got {len(token_ids)}")
+        logprobs = self.next_token_logprobs(token_ids)[:-1]
+        targets = torch.tensor(token_ids[1:])
+        return logprobs.gather(1, targets[:, None])[:, 0]
+
+    @torch.inference_mode()
+    def next_token_logprobs(self, token_ids: list[int]) -> torch.Tensor:
+        """log p(· | tokens[:i+1]) over the vocabulary for every i: ``[len, vocab]`` fp32.
 
         Runs outside the scheduler (the caller must not be stepping concurrently); the sequence
         is prefilled in budget-sized chunks through the same runner and KV pool as serving.
         """
-        if len(token_ids) < 2 or len(token_ids) > self.max_model_len:
-            raise ValueError(f"score() takes 2..{self.max_model_len} tokens, got {len(token_ids)}")
+        if not 1 <= len(token_ids) <= self.max_model_len:
+            raise ValueError(f"next_token_logprobs() takes 1..{self.max_model_len} tokens, got {len(token_ids)}")
         req = Request("score", list(token_ids), SamplingParams(max_tokens=1))
         slots = self.kv.allocate(len(token_ids))
         if slots is None:
@@ -203,6 +211,4 @@ class Engine:
                 pieces.append(self.runner.prompt_logits(out).log_softmax(dim=-1))
         finally:
             self.kv.allocator.free(slots)
-        logprobs = torch.cat(pieces)[:-1]
-        targets = torch.tensor(token_ids[1:])
-        return logprobs.gather(1, targets[:, None])[:, 0]
+        return torch.cat(pieces)
