@@ -67,7 +67,8 @@ def run_doctor(features: CpuFeatures | None = None, overrides: str | None = None
     native = {c.op for c in sel.choices if ext.available and c.impl in ext.variants}
     unfused = [op for op in FUSED_OPS if op not in native]
     lines.append(f"  {'decoder_layer':<{width}}  {'fused' if not unfused else 'unfused':<12}  "
-                 + ("one native call per layer (csrc/common/decoder_layer.cpp)" if not unfused
+                 + ("all layers in one native call (csrc/common/decoder_layer.cpp decoder_stack; "
+                    "per layer while a projection has hooks)" if not unfused
                     else f"op by op from Python: {', '.join(unfused)} not native"))
     warnings += sel.warnings
 

@@ -85,6 +85,8 @@ class ModelRunner:
             logits_indices=t(np.ascontiguousarray(logits_indices)),
             k_cache=self.k_layers,
             v_cache=self.v_layers,
+            k_pool=self.kv.k,
+            v_pool=self.kv.v,
         )
 
     @torch.inference_mode()

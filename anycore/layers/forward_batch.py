@@ -27,3 +27,7 @@ class ForwardBatch:
     # a layer's lookup is a list index rather than a tensor op)
     k_cache: Sequence[torch.Tensor]
     v_cache: Sequence[torch.Tensor]
+    # the whole pools, [num_layers, num_slots, num_kv_heads, head_dim] (for the one-call native
+    # layer stack); None where a caller has only per-layer caches
+    k_pool: torch.Tensor | None = None
+    v_pool: torch.Tensor | None = None

@@ -83,6 +83,23 @@ class _FusedCall:
     linear_impls: list[int]
 
 
+@dataclass
+class _FusedStack:
+    """Every layer's _FusedCall concatenated for ``ops.decoder_stack``; valid while each layer's
+    call is (checked per forward over the flat ``linears``/``methods``, cheaper than per layer)."""
+
+    calls: list[_FusedCall]
+    dtype: torch.dtype
+    linears: tuple[Linear, ...]
+    methods: tuple
+    weights: list
+    linear_impls: list[int]
+
+    def valid(self) -> bool:
+        return all(lin.method is m for lin, m in zip(self.linears, self.methods)) and not any(
+            lin._forward_pre_hooks or lin._forward_hooks for lin in self.linears)
+
+
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_idx: int, ops: KernelOps, dtype: torch.dtype, linear: MakeLinear) -> None:
         super().__init__()
@@ -169,14 +186,41 @@ class LlamaForCausalLM(nn.Module):
             cfg.vocab_size, cfg.hidden_size, dtype, self.embed_tokens if cfg.tie_word_embeddings else None, ops
         )
         self.rotary = RotaryTable(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, max_positions)
+        self.ops = ops
+        self._stack: _FusedStack | None = None
+
+    def _fused_stack(self, dtype: torch.dtype) -> _FusedStack | None:
+        """All layers as one native call, or None (some layer runs unfused: no fused kernel, a
+        projection without a native multiply, or a hooked projection)."""
+        if self.ops.decoder_stack is None:
+            return None
+        stack = self._stack
+        if stack is not None and stack.dtype == dtype and stack.valid():
+            return stack
+        calls = [layer._fused_call(dtype) for layer in self.layers]
+        if any(c is None for c in calls):
+            return None
+        linears = tuple(lin for c in calls for lin in c.linears)
+        self._stack = _FusedStack(calls, dtype, linears, tuple(lin.method for lin in linears),
+                                  [w for c in calls for w in c.weights], [i for c in calls for i in c.linear_impls])
+        return self._stack
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         """Final hidden states of the rows in ``batch.logits_indices``."""
         cos, sin = self.rotary.lookup(batch.positions)
         hidden = self.embed_tokens(batch.input_ids)
-        residual = None
-        for layer in self.layers:
-            hidden, residual = layer(hidden, residual, cos, sin, batch)
+        stack = self._fused_stack(hidden.dtype) if batch.k_pool is not None else None
+        if stack is not None:
+            attn = self.layers[0].self_attn.attn
+            hidden, residual = self.ops.decoder_stack(
+                hidden, stack.weights, stack.linear_impls, batch.k_pool, batch.v_pool, batch.slot_mapping, cos, sin,
+                batch.q_start_loc, batch.seq_lens, batch.slot_table, attn.num_heads, attn.num_kv_heads,
+                attn.head_dim, self.layers[0].input_layernorm.eps, attn.scale,
+            )
+        else:
+            residual = None
+            for layer in self.layers:
+                hidden, residual = layer(hidden, residual, cos, sin, batch)
         idx = batch.logits_indices
         hidden, _ = self.norm(hidden[idx], residual[idx])
         return hidden

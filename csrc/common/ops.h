@@ -42,4 +42,11 @@ std::tuple<at::Tensor, at::Tensor> decoder_layer(
     const at::Tensor& sin, const at::Tensor& q_start_loc, const at::Tensor& seq_lens, const at::Tensor& slot_table,
     int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, double eps, double scale);
 
+// decoder_layer.cpp: every layer in one call (pools [num_layers, slots, kv_heads, head_dim]).
+std::tuple<at::Tensor, at::Tensor> decoder_stack(
+    const at::Tensor& hidden, const c10::List<std::optional<at::Tensor>>& weights, c10::IntArrayRef linear_impls,
+    c10::IntArrayRef op_impls, const at::Tensor& k_pool, const at::Tensor& v_pool, const at::Tensor& slot_mapping,
+    const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& q_start_loc, const at::Tensor& seq_lens,
+    const at::Tensor& slot_table, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, double eps, double scale);
+
 }  // namespace anycore::ops

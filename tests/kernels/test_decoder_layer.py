@@ -1,7 +1,8 @@
-"""The fused native decoder layer gives bit-identical results to the unfused path.
+"""The fused native decoder layer and layer stack give bit-identical results to the unfused path.
 
 csrc/common/decoder_layer.cpp composes the same kernels as anycore/models/llama.py does op by
-op, so logits, sampled tokens and the KV pool must match exactly, for every Llama-family
+op, whether called once per layer (decoder_layer) or once for all layers (decoder_stack), so
+logits, sampled tokens and the KV pool must match exactly, for every Llama-family
 variant (qkv bias, q/k norm, untied head), in fp32 and bf16, dense and W8A8, through chunked
 prefill, prefix-cache hits and mixed prefill+decode batches.
 """
@@ -17,9 +18,13 @@ from anycore import LLM, SamplingParams
 from tests.models.test_tiny_models import _configs, write_checkpoint
 
 
-def _set_fused(llm: LLM, on: bool, fused) -> None:
-    for layer in llm.engine.model.layers:
-        layer.ops = dataclasses.replace(layer.ops, decoder_layer=fused if on else None)
+def _set_mode(llm: LLM, mode: str, layer_fn=None, stack_fn=None) -> None:
+    """"stack": one native call for all layers; "layer": one per layer; "off": op by op."""
+    model = llm.engine.model
+    model.ops = dataclasses.replace(model.ops, decoder_stack=stack_fn if mode == "stack" else None)
+    model._stack = None
+    for layer in model.layers:
+        layer.ops = dataclasses.replace(layer.ops, decoder_layer=layer_fn if mode != "off" else None)
         layer._fused = None
 
 
@@ -37,28 +42,35 @@ def _run(llm: LLM):
 @pytest.mark.parametrize("quantization", [None, "w8a8_int8"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("name", sorted(_configs()))
-def test_fused_layer_is_bit_identical(tmp_path, tokenizer, name, dtype, quantization):
+def test_fused_layer_and_stack_are_bit_identical(tmp_path, tokenizer, name, dtype, quantization):
     write_checkpoint(tmp_path, name, tokenizer)
-    llm = LLM(model=str(tmp_path), dtype=dtype, kv_cache_gb=0.01, quantization=quantization)
-    fused = llm.engine.ops.decoder_layer
-    if fused is None:
-        pytest.skip("no fused decoder layer here (extension unavailable or some op not native)")
-    assert all(layer.fused_args(llm.engine.dtype) is not None for layer in llm.engine.model.layers)
+    results = {}
+    for mode in ("stack", "layer", "off"):
+        llm = LLM(model=str(tmp_path), dtype=dtype, kv_cache_gb=0.01, quantization=quantization)
+        ops = llm.engine.ops
+        if ops.decoder_layer is None or ops.decoder_stack is None:
+            pytest.skip("no fused decoder layer here (extension unavailable or some op not native)")
+        assert all(layer.fused_args(llm.engine.dtype) is not None for layer in llm.engine.model.layers)
+        calls = {"layer": 0, "stack": 0}
 
-    calls = []
-    _set_fused(llm, True, lambda *a: calls.append(1) or fused(*a))
-    on = _run(llm)
-    assert calls, "the fused path did not run"
-    k_on, v_on = llm.engine.kv_pool.k.clone(), llm.engine.kv_pool.v.clone()
+        def counted(kind, fn, calls=calls):
+            def call(*a):
+                calls[kind] += 1
+                return fn(*a)
+            return call
 
-    llm2 = LLM(model=str(tmp_path), dtype=dtype, kv_cache_gb=0.01, quantization=quantization)
-    _set_fused(llm2, False, None)
-    off = _run(llm2)
+        _set_mode(llm, mode, counted("layer", ops.decoder_layer), counted("stack", ops.decoder_stack))
+        out = _run(llm)
+        # each mode really ran its path (and only it)
+        assert (calls["stack"] > 0) == (mode == "stack") and (calls["layer"] > 0) == (mode == "layer"), calls
+        results[mode] = out, llm.engine.kv_pool.k.clone(), llm.engine.kv_pool.v.clone()
 
-    assert torch.equal(on[0], off[0])
-    assert on[1] == off[1]
-    assert on[2] == off[2]
-    assert torch.equal(k_on, llm2.engine.kv_pool.k) and torch.equal(v_on, llm2.engine.kv_pool.v)
+    (off, k_off, v_off) = results["off"]
+    for mode in ("stack", "layer"):
+        on, k_on, v_on = results[mode]
+        assert torch.equal(on[0], off[0]), mode
+        assert on[1] == off[1] and on[2] == off[2], mode
+        assert torch.equal(k_on, k_off) and torch.equal(v_on, v_off), mode
 
 
 def test_hooked_linear_runs_unfused(tmp_path, tokenizer):
@@ -67,12 +79,16 @@ def test_hooked_linear_runs_unfused(tmp_path, tokenizer):
     llm = LLM(model=str(tmp_path), dtype="float32", kv_cache_gb=0.01)
     if llm.engine.ops.decoder_layer is None:
         pytest.skip("no fused decoder layer here")
+    llm.engine.score([1, 2, 3])  # builds and caches the fused stack: the hook must still invalidate it
+    assert llm.engine.model._stack is not None
     seen = []
     handle = llm.engine.model.layers[1].mlp.down_proj.register_forward_pre_hook(lambda m, a: seen.append(a[0].shape))
     try:
+        assert llm.engine.model._fused_stack(torch.float32) is None  # one hooked layer: no stack
         assert llm.engine.model.layers[1].fused_args(torch.float32) is None
         assert llm.engine.model.layers[0].fused_args(torch.float32) is not None
         llm.engine.score([5, 6, 7, 8])
     finally:
         handle.remove()
     assert seen and seen[0][0] == 4
+    assert llm.engine.model._fused_stack(torch.float32) is not None  # hook gone: one call again
