@@ -23,6 +23,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--kernels", default=None, help="kernel overrides, e.g. 'torch-native' or 'rms_norm=generic'")
     g.add_argument("--quantization", default=None, choices=["w8a8_int8"],
                    help="quantize linear layers at load time (pre-quantized checkpoints need no flag)")
+    g.add_argument("--quantize-lm-head", action="store_true",
+                   help="with --quantization: the logits head too (not written by `anycore quantize`)")
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
@@ -38,6 +40,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         threads=args.threads,
         kernels=args.kernels,
         quantization=args.quantization,
+        quantize_lm_head=args.quantize_lm_head,
     )
 
 
@@ -142,6 +145,9 @@ def _quantize(args: argparse.Namespace) -> int:
     from anycore.engine.engine import Engine
     from anycore.quantize import save_quantized
 
+    if args.quantize_lm_head:
+        raise ValueError("--quantize-lm-head is not written to checkpoints (compressed-tensors keeps the head "
+                         "unquantized); pass it when serving instead")
     engine = Engine(replace(engine_config(args), quantization=args.quantization or "w8a8_int8"))
     out = save_quantized(engine, args.out)
     print(f"wrote {engine.quantization} checkpoint to {out} (serve it with: anycore serve --model {out})")

@@ -66,12 +66,15 @@ class Engine:
         self.kv = KVCacheManager(num_slots, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.kv, config.max_num_batched_tokens, config.max_num_seqs, config.policy)
         self.runner = ModelRunner(self.model, self.kv_pool)
+        if config.quantize_lm_head and prequantized:
+            raise ValueError("quantize_lm_head applies to online quantization; this checkpoint is pre-quantized")
         if self.quantization and not prequantized:
             calib = calibration_token_ids(self.tokenizer, mc.vocab_size)
             window = min(512, self.max_model_len)
             quantize_online(
                 self.model, linear_method_factory(self.quantization),
                 lambda: [self.score(calib[i : i + window]) for i in range(0, len(calib) - 1, window)],
+                lm_head=config.quantize_lm_head,
             )
         tensors = [*self.model.parameters(), *self.model.buffers()]
         self.num_params = sum(t.numel() for t in tensors)
