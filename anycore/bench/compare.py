@@ -33,6 +33,7 @@ from anycore.bench.peers_offline import (
     gguf_variant,
 )
 from anycore.bench.stats import interleave
+from anycore.config import EngineConfig
 
 WORKLOADS = ("decode", "prefill", "batch", "memory", "serve", "prefix")
 PEERS = ("llama-cpp", "llama-server", "transformers")
@@ -129,6 +130,20 @@ class Compare:
             workload, engine, unit, higher, values, loads, limit, self.args.noise_cores, self.args.noise_cv, **extra))
 
     # ---- offline -------------------------------------------------------------------------
+    def anycore_engines(self, offline: bool) -> list[tuple[str, EngineConfig]]:
+        """anycore's engines in this run: bf16; on the torch-native ops (``--kernels-off``,
+        offline workloads only); ``--quantization``; and with ``--quantize-lm-head`` the
+        quantized engine a second time with its logits head in int8 too."""
+        c = replace(self.config, dtype="bfloat16", quantize_lm_head=False)
+        engines = [("anycore bf16", replace(c, quantization=None))]
+        if self.args.kernels_off and offline:  # the same engine on the portable ops: what the kernels buy
+            engines.append(("anycore bf16 torch-native", replace(c, quantization=None, kernels="torch-native")))
+        if c.quantization:
+            engines.append((f"anycore {c.quantization}", c))
+            if self.config.quantize_lm_head:
+                engines.append((f"anycore {c.quantization} +int8 head", replace(c, quantize_lm_head=True)))
+        return engines
+
     def _runners(self, gguf: Path) -> list[Any]:
         runners: list[Any] = []
 
@@ -142,15 +157,8 @@ class Compare:
             except Exception as e:  # noqa: BLE001 - a broken peer is reported, the others still run
                 self.skipped[name] = f"failed to load: {type(e).__name__}: {e}"
 
-        attempt("anycore bf16", lambda: AnycoreRunner("anycore bf16", replace(self.config, dtype="bfloat16",
-                                                                               quantization=None)))
-        if self.args.kernels_off:  # the same engine on the portable torch-native ops: what the kernels buy
-            attempt("anycore bf16 torch-native", lambda: AnycoreRunner(
-                "anycore bf16 torch-native", replace(self.config, dtype="bfloat16", quantization=None,
-                                                     kernels="torch-native")))
-        if self.config.quantization:
-            q = self.config.quantization
-            attempt(f"anycore {q}", lambda: AnycoreRunner(f"anycore {q}", replace(self.config, dtype="bfloat16")))
+        for name, config in self.anycore_engines(offline=True):
+            attempt(name, lambda name=name, config=config: AnycoreRunner(name, config))
         if "llama-cpp" in self.peers:
             for qt in _csv(self.args.gguf_types):
                 attempt(f"llama.cpp {qt}", lambda qt=qt: LlamaCppRunner(
@@ -215,11 +223,8 @@ class Compare:
         from anycore.bench import memory
 
         n = self.args.memory_gen_tokens
-        probes: list[tuple[str, Any]] = [("anycore bf16", lambda: memory.anycore_rss(
-            replace(self.config, dtype="bfloat16", quantization=None), n))]
-        if self.config.quantization:
-            q = self.config.quantization
-            probes.append((f"anycore {q}", lambda: memory.anycore_rss(replace(self.config, dtype="bfloat16"), n)))
+        probes: list[tuple[str, Any]] = [(name, lambda config=config: memory.anycore_rss(config, n))
+                                         for name, config in self.anycore_engines(offline=False)]
         if "llama-cpp" in self.peers:
             for qt in _csv(self.args.gguf_types):
                 probes.append((f"llama.cpp {qt}", lambda qt=qt: memory.llama_cpp_rss(

@@ -61,30 +61,31 @@ def quantization_targets(measurements: list[dict[str, Any]], quantization: str |
     bandwidth limit. Cells not measured in this run are left out."""
     if not quantization:
         return []
-    quant = f"anycore {quantization}"
+    quant = f"anycore {quantization}"  # and its variants, e.g. "anycore w8a8_int8 +int8 head"
     cells = {(m["workload"], m["engine"]): m for m in measurements}
     out = []
     for m in measurements:
-        if m["engine"] != quant:
+        if m["engine"] != quant and not m["engine"].startswith(quant + " "):
             continue
         wl = m["workload"]
         for prefix, peer, want in QUANT_TARGETS:
             other = cells.get((wl, peer))
             if wl.startswith(prefix) and other:
                 got = m["median"] / other["median"]
-                out.append({"workload": wl, "versus": peer, "ratio": got, "target": f">= {want}", "met": got >= want,
-                            "noisy": m["noisy"] or other["noisy"]})
+                out.append({"engine": m["engine"], "workload": wl, "versus": peer, "ratio": got,
+                            "target": f">= {want}", "met": got >= want, "noisy": m["noisy"] or other["noisy"]})
         if wl.startswith("RSS"):
             base = cells.get((wl, "anycore bf16"))
             if base:
                 got = m["median"] / base["median"]
                 base_over = base["median"] - base.get("import_mb", 0.0)
                 over = m["median"] - m.get("import_mb", 0.0)
-                out.append({"workload": wl, "versus": "anycore bf16", "ratio": got, "target": "~0.5", "met": got <= 0.6,
+                out.append({"engine": m["engine"], "workload": wl, "versus": "anycore bf16", "ratio": got,
+                            "target": "~0.5", "met": got <= 0.6,
                             "ratio_above_import": over / base_over if base_over > 0 else None, "noisy": False})
         if wl.startswith("decode") and m.get("fraction_of_limit"):
-            out.append({"workload": wl, "versus": "bandwidth limit", "ratio": m["fraction_of_limit"], "target": "-",
-                        "met": None, "noisy": m["noisy"]})
+            out.append({"engine": m["engine"], "workload": wl, "versus": "bandwidth limit",
+                        "ratio": m["fraction_of_limit"], "target": "-", "met": None, "noisy": m["noisy"]})
     return out
 
 
@@ -136,7 +137,8 @@ def format_table(result: dict[str, Any]) -> str:
         met = {True: "met", False: "NOT met", None: ""}[t["met"]]
         extra = (f" (above the import baseline: {t['ratio_above_import']:.2f})"
                  if t.get("ratio_above_import") is not None else "")
-        out.append(f"target: {t['workload']}: {result.get('meta', {}).get('quantization') or 'quantized'} / "
+        who = t.get("engine") or result.get("meta", {}).get("quantization") or "quantized"
+        out.append(f"target: {t['workload']}: {who} / "
                    f"{t['versus']} = {t['ratio']:.2f}{extra}, wanted {t['target']} {met}"
                    + (" (NOISY)" if t["noisy"] else ""))
     for name, reason in result.get("skipped", {}).items():

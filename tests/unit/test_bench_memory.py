@@ -112,3 +112,21 @@ def test_noisy_repeat_is_measured_again(tmp_path, monkeypatch):
     # repeat 0: attempt 1 discarded (0.9), attempt 2 kept; repeat 1 kept; repeat 2: 0.9 then 0.9, the last kept
     assert m["values"] == [2.0, 3.0, 5.0] and m["discarded_noisy"] == 2
     assert m["noisy"]  # the kept last attempt was still busy: the cell says so
+
+
+def test_int8_head_variant_joins_the_run(tmp_path):
+    """--quantize-lm-head adds the quantized engine a second time with an int8 head; bf16 and
+    the plain quantized engine never get the flag (bf16 could not even be configured with it)."""
+    c = cmp.Compare(_args(tmp_path, "--kernels-off"),
+                    EngineConfig(threads=2, quantization="w8a8_int8", quantize_lm_head=True))
+    offline = dict(c.anycore_engines(offline=True))
+    assert list(offline) == ["anycore bf16", "anycore bf16 torch-native", "anycore w8a8_int8",
+                             "anycore w8a8_int8 +int8 head"]
+    assert [(e.quantization, e.quantize_lm_head, e.kernels) for e in offline.values()] == [
+        (None, False, None), (None, False, "torch-native"), ("w8a8_int8", False, None), ("w8a8_int8", True, None)]
+    assert list(dict(c.anycore_engines(offline=False))) == ["anycore bf16", "anycore w8a8_int8",
+                                                            "anycore w8a8_int8 +int8 head"]
+    ms = [report.measurement("decode b=1", name, "tok/s", True, [v], [{"other_cores": 0.0}])
+          for name, v in (("anycore w8a8_int8", 100), ("anycore w8a8_int8 +int8 head", 130), ("llama.cpp Q8_0", 80))]
+    got = {t["engine"]: t for t in report.quantization_targets(ms, "w8a8_int8")}
+    assert got["anycore w8a8_int8"]["met"] is False and got["anycore w8a8_int8 +int8 head"]["met"] is True
