@@ -55,7 +55,7 @@ def save_quantized(engine: Engine, out_dir: str | Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     tensors = export_state_dict(engine.model)
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
-    config = dict(engine.source.hf_config)
+    config = dict(engine.hf_config)
     config["torch_dtype"] = str(engine.dtype).removeprefix("torch.")
     config["quantization_config"] = quantization_config(ignore=["lm_head"])
     (out / "config.json").write_text(json.dumps(config, indent=2))

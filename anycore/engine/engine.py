@@ -18,7 +18,12 @@ from anycore.config import EngineConfig, parse_dtype
 from anycore.engine.detokenizer import IncrementalDetokenizer
 from anycore.engine.runner import KVPool, ModelRunner
 from anycore.kernels.dispatch import select_ops
-from anycore.layers.quant import linear_method_factory, quantize_online, resolve_quantization
+from anycore.layers.quant import (
+    linear_method_factory,
+    quantize_online,
+    release_free_heap,
+    resolve_quantization,
+)
 from anycore.layers.quant.smoothing import calibration_token_ids
 from anycore.loader import open_model_source
 from anycore.models import build_model
@@ -37,8 +42,10 @@ class Engine:
         if config.threads:
             torch.set_num_threads(config.threads)
         self.dtype = parse_dtype(config.dtype)
+        # the source (for GGUF: the parsed file, ~75 MB of metadata objects for SmolLM2) is only
+        # needed while loading; the engine keeps its small config dict (for `anycore quantize`)
         source = open_model_source(config.model)
-        self.source = source
+        self.hf_config = source.hf_config
         self.model_config = mc = source.config
         self.tokenizer = source.tokenizer
         self.model_name = source.path.name
@@ -76,6 +83,8 @@ class Engine:
                 lambda: [self.score(calib[i : i + window]) for i in range(0, len(calib) - 1, window)],
                 lm_head=config.quantize_lm_head,
             )
+        del weights, source  # drops the parsed model file; then its freed heap goes back to the OS
+        release_free_heap()
         tensors = [*self.model.parameters(), *self.model.buffers()]
         self.num_params = sum(t.numel() for t in tensors)
         self.weight_bytes = sum(t.numel() * t.element_size() for t in tensors)  # streamed per decode step
