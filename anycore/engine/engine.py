@@ -18,6 +18,7 @@ from anycore.config import EngineConfig, parse_dtype
 from anycore.engine.detokenizer import IncrementalDetokenizer
 from anycore.engine.runner import KVPool, ModelRunner
 from anycore.kernels.dispatch import select_ops
+from anycore.layers.embedding import LogitsHead, VocabEmbedding
 from anycore.layers.quant import (
     linear_method_factory,
     quantize_online,
@@ -33,6 +34,19 @@ from anycore.scheduler.request import Request
 from anycore.scheduler.scheduler import ScheduledRequest, Scheduler, SchedulerOutput
 
 log = logging.getLogger("anycore")
+
+
+def streamed_weight_bytes(model: torch.nn.Module) -> int:
+    """Bytes of weights one decode step reads: every parameter and buffer, except embedding
+    tables that are only gathered from (a row per token), i.e. all but one the logits head
+    multiplies by (tied, not replaced by an int8 copy)."""
+    tensors = {id(t): t for t in [*model.parameters(), *model.buffers()]}
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    heads = [m for m in model.modules() if isinstance(m, LogitsHead)]
+    for m in model.modules():
+        if isinstance(m, VocabEmbedding) and not any(h.tied_to is m and h.int8_kernel is None for h in heads):
+            total -= m.weight.numel() * m.weight.element_size()
+    return total
 
 
 class Engine:
@@ -87,7 +101,7 @@ class Engine:
         release_free_heap()
         tensors = [*self.model.parameters(), *self.model.buffers()]
         self.num_params = sum(t.numel() for t in tensors)
-        self.weight_bytes = sum(t.numel() * t.element_size() for t in tensors)  # streamed per decode step
+        self.weight_bytes = streamed_weight_bytes(self.model)  # read per decode step (the bandwidth limit's divisor)
 
         eos = set(mc.eos_token_ids)
         if getattr(self.tokenizer, "eos_token_id", None) is not None:
