@@ -141,5 +141,4 @@ def open_gguf(path: Path) -> ModelSource:
         tokenizer=tokenizer,
         weight_names=list(raw),
         _weights=load,
-        raw_tensors=raw,
     )

@@ -24,8 +24,6 @@ class ModelSource:
     tokenizer: Any  # a transformers tokenizer (fast)
     weight_names: list[str]
     _weights: Any = field(repr=False, default=None)  # callable(name, dtype) -> tensor
-    # GGUF only: raw tensors (quantized blocks untouched), keyed by HF name; for INT8/INT4 paths
-    raw_tensors: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def weights(self, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
         for name in self.weight_names:
