@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import builtins
+import sys
 import time
 from pathlib import Path
 
@@ -46,6 +47,8 @@ def test_missing_llama_cpp_is_skipped_not_an_error(tmp_path, monkeypatch):
         return real_import(name, *a, **kw)
 
     monkeypatch.setattr(builtins, "__import__", no_llama)
+    for name in [m for m in sys.modules if m == "llama_cpp" or m.startswith("llama_cpp.")]:
+        monkeypatch.delitem(sys.modules, name)  # an earlier test may have imported it for real
     monkeypatch.setattr(cmp, "AnycoreRunner", FakeRunner)
     monkeypatch.setattr(cmp, "TransformersRunner", FakeRunner)
     monkeypatch.setattr(cmp, "gguf_variant", lambda src, qt, cache: src)  # pretend the copies exist
