@@ -132,16 +132,19 @@ class DecoderLayer(nn.Module):
         quantization) or the dtype changed; None while any projection has hooks."""
         if self.ops.decoder_layer is None:
             return None
+        attn, mlp = self.self_attn, self.mlp
+        linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
+        if any(lin._forward_pre_hooks or lin._forward_hooks for lin in linears):
+            # hooked (calibration): nothing is cached either, since a cache made now would keep
+            # the float weights alive while online quantization replaces them
+            self._fused = None
+            return None
         call = self._fused
         if call is None or call.dtype != dtype or any(lin.method is not m for lin, m in zip(call.linears, call.methods)):
             args = self.fused_args(dtype)
             if args is None:
                 return None
-            attn, mlp = self.self_attn, self.mlp
-            linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
             call = self._fused = _FusedCall(linears, tuple(lin.method for lin in linears), dtype, *args)
-        if any(lin._forward_pre_hooks or lin._forward_hooks for lin in call.linears):
-            return None
         return call
 
     def forward(self, hidden, residual, cos, sin, batch: ForwardBatch):
@@ -197,6 +200,7 @@ class LlamaForCausalLM(nn.Module):
         stack = self._stack
         if stack is not None and stack.dtype == dtype and stack.valid():
             return stack
+        self._stack = None  # (an invalid stack must not keep replaced weights alive)
         calls = [layer._fused_call(dtype) for layer in self.layers]
         if any(c is None for c in calls):
             return None

@@ -60,6 +60,10 @@ def _quantize(model: nn.Module, make_method: Callable, run_calibration: Callable
     stats = collect_input_stats(observed, run_calibration) if observed else {}
     if pairs:
         smooth(pairs, stats, alpha)
+    # the pairs hold views of float weights (up rows, v rows): dropped before the loop below, so
+    # each layer's float weight is freed as soon as its int8 copy exists (the peak stays near the
+    # float model's size instead of float + int8)
+    del pairs
     for module in model.modules():
         if isinstance(module, Linear):
             module.method = make_method()
