@@ -87,6 +87,8 @@ class Engine:
         self.kv = KVCacheManager(num_slots, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.kv, config.max_num_batched_tokens, config.max_num_seqs, config.policy)
         self.runner = ModelRunner(self.model, self.kv_pool)
+        del weights, source  # drops the parsed model file (and its mapped pages) before calibrating
+        release_free_heap()
         if config.quantize_lm_head and prequantized:
             raise ValueError("quantize_lm_head applies to online quantization; this checkpoint is pre-quantized")
         if self.quantization and not prequantized:
@@ -94,11 +96,10 @@ class Engine:
             window = min(512, self.max_model_len)
             quantize_online(
                 self.model, linear_method_factory(self.quantization),
-                lambda: [self.score(calib[i : i + window]) for i in range(0, len(calib) - 1, window)],
+                lambda: [self.score(calib[i : i + window]) for i in tqdm(
+                    range(0, len(calib) - 1, window), desc="calibrating", unit="window", disable=None, leave=False)],
                 lm_head=config.quantize_lm_head,
             )
-        del weights, source  # drops the parsed model file; then its freed heap goes back to the OS
-        release_free_heap()
         tensors = [*self.model.parameters(), *self.model.buffers()]
         self.num_params = sum(t.numel() for t in tensors)
         self.weight_bytes = streamed_weight_bytes(self.model)  # read per decode step (the bandwidth limit's divisor)

@@ -89,3 +89,25 @@ def test_searched_alpha_tames_outlier_channels():
     assert errors[alpha] == min(errors.values())
     unsmoothed = w8a8_error(xf, lin.weight.data, torch.ones(64), reference)
     assert errors[alpha] < 0.25 * unsmoothed, (errors, unsmoothed)
+
+
+def test_collection_keeps_no_input_alive():
+    """The sampled rows are copies: a view (what .to() returns for bf16 input) would keep every
+    calibration input's storage alive until the end (measured: +2.8 GB at the peak for a
+    1.7B-parameter model)."""
+    lin = Linear(8, 4, dtype=torch.bfloat16)
+    lin.weight.data.zero_()
+    extra_refs = []
+
+    def uses(t):
+        return torch._C._storage_Use_Count(t.untyped_storage()._cdata)
+
+    def run():
+        x = torch.randn(12, 8, dtype=torch.bfloat16)
+        before = uses(x)
+        lin(x)
+        extra_refs.append(uses(x) - before)
+
+    stats = collect_input_stats([lin], run, stride=3)[id(lin)]
+    assert extra_refs == [0]
+    assert stats.sample.shape == (4, 8)

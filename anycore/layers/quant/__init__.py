@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from torch import nn
+from tqdm import tqdm
 
 from anycore.layers.embedding import LogitsHead
 from anycore.layers.linear import Linear
@@ -64,10 +65,10 @@ def _quantize(model: nn.Module, make_method: Callable, run_calibration: Callable
     # each layer's float weight is freed as soon as its int8 copy exists (the peak stays near the
     # float model's size instead of float + int8)
     del pairs
-    for module in model.modules():
-        if isinstance(module, Linear):
-            module.method = make_method()
-            module.method.process_weights_after_loading(module)
+    linears = [m for m in model.modules() if isinstance(m, Linear)]
+    for module in tqdm(linears, desc="quantizing", unit="linear", disable=None, leave=False):
+        module.method = make_method()
+        module.method.process_weights_after_loading(module)
     if head is not None:
         head_stats = stats.get(id(head))
         head.quantize_int8(head_stats.absmax if head_stats else None, 0.5 if alpha is None else alpha)

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from importlib import resources
 
 import torch
+from tqdm import tqdm
 
 from anycore.kernels.int8 import quantize_per_token, quantize_weight_per_channel
 from anycore.layers.linear import Linear
@@ -88,7 +89,8 @@ def collect_input_stats(linears: list[Linear], run_forward, stride: int = 6,
         absmax[key] = torch.maximum(absmax[key], amax) if key in absmax else amax
         sumsq[key] = sumsq[key] + sq if key in sumsq else sq
         count[key] = count.get(key, 0) + x.shape[0]
-        rows.setdefault(key, []).append(x[::stride].to(torch.bfloat16))
+        # a copy: a view (what .to() returns for bf16 input) would keep the whole input alive
+        rows.setdefault(key, []).append(x[::stride].to(torch.bfloat16, copy=True))
 
     handles = [lin.register_forward_pre_hook(hook) for lin in linears]
     try:
@@ -151,7 +153,7 @@ def apply_smoothing(pair: SmoothPair, s: torch.Tensor) -> None:
 def smooth(pairs: list[SmoothPair], stats: dict[int, InputStats], alpha: float | None = None) -> list[float]:
     """Smooths every pair (alpha searched per pair when None); returns the alphas used."""
     used = []
-    for pair in pairs:
+    for pair in tqdm(pairs, desc="smoothing", unit="linear", disable=None, leave=False):
         st = stats[id(pair.linear)]
         a = search_alpha(pair, st) if alpha is None else alpha
         apply_smoothing(pair, smoothing_factors(pair, st.rms, pair.linear.weight.data.float(), a))
