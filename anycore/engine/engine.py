@@ -79,6 +79,8 @@ class Engine:
         weights = tqdm(source.weights(self.dtype), total=len(source.weight_names), desc="loading weights",
                        unit="tensor", disable=None, leave=False)
         self.quantization, prequantized = resolve_quantization(config.quantization, source.hf_config)
+        if config.quantize_lm_head and prequantized:
+            raise ValueError("quantize_lm_head applies to online quantization; this checkpoint is pre-quantized")
         # pre-quantized checkpoints load int8 weights directly; online quantization loads the
         # float weights, calibrates, smooths and quantizes once the runner exists (below)
         self.model = build_model(mc, self.ops, self.dtype, weights, max_len,
@@ -89,8 +91,6 @@ class Engine:
         self.runner = ModelRunner(self.model, self.kv_pool)
         del weights, source  # drops the parsed model file (and its mapped pages) before calibrating
         release_free_heap()
-        if config.quantize_lm_head and prequantized:
-            raise ValueError("quantize_lm_head applies to online quantization; this checkpoint is pre-quantized")
         if self.quantization and not prequantized:
             calib = calibration_token_ids(self.tokenizer, mc.vocab_size)
             window = min(512, self.max_model_len)

@@ -83,12 +83,19 @@ class _FusedCall:
     linear_impls: list[int]
 
 
+def _hooked(linears) -> bool:
+    return any(lin._forward_pre_hooks or lin._forward_hooks for lin in linears)
+
+
+def _methods_unchanged(linears, methods) -> bool:
+    return all(lin.method is m for lin, m in zip(linears, methods))
+
+
 @dataclass
 class _FusedStack:
     """Every layer's _FusedCall concatenated for ``ops.decoder_stack``; valid while each layer's
     call is (checked per forward over the flat ``linears``/``methods``, cheaper than per layer)."""
 
-    calls: list[_FusedCall]
     dtype: torch.dtype
     linears: tuple[Linear, ...]
     methods: tuple
@@ -96,8 +103,7 @@ class _FusedStack:
     linear_impls: list[int]
 
     def valid(self) -> bool:
-        return all(lin.method is m for lin, m in zip(self.linears, self.methods)) and not any(
-            lin._forward_pre_hooks or lin._forward_hooks for lin in self.linears)
+        return _methods_unchanged(self.linears, self.methods) and not _hooked(self.linears)
 
 
 class DecoderLayer(nn.Module):
@@ -134,13 +140,13 @@ class DecoderLayer(nn.Module):
             return None
         attn, mlp = self.self_attn, self.mlp
         linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
-        if any(lin._forward_pre_hooks or lin._forward_hooks for lin in linears):
+        if _hooked(linears):
             # hooked (calibration): nothing is cached either, since a cache made now would keep
             # the float weights alive while online quantization replaces them
             self._fused = None
             return None
         call = self._fused
-        if call is None or call.dtype != dtype or any(lin.method is not m for lin, m in zip(call.linears, call.methods)):
+        if call is None or call.dtype != dtype or not _methods_unchanged(call.linears, call.methods):
             args = self.fused_args(dtype)
             if args is None:
                 return None
@@ -205,7 +211,7 @@ class LlamaForCausalLM(nn.Module):
         if any(c is None for c in calls):
             return None
         linears = tuple(lin for c in calls for lin in c.linears)
-        self._stack = _FusedStack(calls, dtype, linears, tuple(lin.method for lin in linears),
+        self._stack = _FusedStack(dtype, linears, tuple(lin.method for lin in linears),
                                   [w for c in calls for w in c.weights], [i for c in calls for i in c.linear_impls])
         return self._stack
 

@@ -62,8 +62,8 @@ def _quantize(model: nn.Module, make_method: Callable, run_calibration: Callable
     if pairs:
         smooth(pairs, stats, alpha)
     # the pairs hold views of float weights (up rows, v rows): dropped before the loop below, so
-    # each layer's float weight is freed as soon as its int8 copy exists (the peak stays near the
-    # float model's size instead of float + int8)
+    # each gate_up and qkv float weight is freed as soon as its int8 copy exists rather than at
+    # the end
     del pairs
     linears = [m for m in model.modules() if isinstance(m, Linear)]
     for module in tqdm(linears, desc="quantizing", unit="linear", disable=None, leave=False):

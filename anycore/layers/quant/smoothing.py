@@ -31,7 +31,7 @@ from importlib import resources
 import torch
 from tqdm import tqdm
 
-from anycore.kernels.int8 import quantize_per_token, quantize_weight_per_channel
+from anycore.kernels.int8 import quantize_weight_per_channel, w8a8_linear_torch
 from anycore.layers.linear import Linear
 
 ALPHA_GRID = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
@@ -123,9 +123,8 @@ def smoothing_factors(pair: SmoothPair, act: torch.Tensor, weight: torch.Tensor,
 def w8a8_error(x: torch.Tensor, weight: torch.Tensor, s: torch.Tensor, reference: torch.Tensor) -> float:
     """Mean squared difference between the simulated W8A8 output of the smoothed linear and the
     float output (int32-exact products, as in the kernels)."""
-    xq, xs = quantize_per_token(x / s)
     wq, ws = quantize_weight_per_channel(weight * s)
-    y = torch._int_mm(xq, wq.t().contiguous()).float() * xs[:, None] * ws[None, :]
+    y = w8a8_linear_torch(x / s, wq.t().contiguous(), ws)
     return float((y - reference).pow(2).mean())
 
 
