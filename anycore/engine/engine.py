@@ -17,6 +17,7 @@ from anycore.cache.manager import KVCacheManager
 from anycore.config import EngineConfig, parse_dtype
 from anycore.engine.detokenizer import IncrementalDetokenizer
 from anycore.engine.runner import KVPool, ModelRunner
+from anycore.engine.weight_arena import consolidate_weights
 from anycore.kernels.dispatch import select_ops
 from anycore.layers.embedding import LogitsHead, VocabEmbedding
 from anycore.layers.quant import (
@@ -100,6 +101,7 @@ class Engine:
                     range(0, len(calib) - 1, window), desc="calibrating", unit="window", disable=None, leave=False)],
                 lm_head=config.quantize_lm_head,
             )
+        consolidate_weights(self.model)  # one huge-page block: faster to stream, no heap left fragmented
         tensors = [*self.model.parameters(), *self.model.buffers()]
         self.num_params = sum(t.numel() for t in tensors)
         self.weight_bytes = streamed_weight_bytes(self.model)  # read per decode step (the bandwidth limit's divisor)
