@@ -130,6 +130,9 @@ def format_table(result: dict[str, Any]) -> str:
     if probe_load > limit_cores:
         out.append(f"NOISY limits: other processes used {probe_load:.2f} cores while bandwidth and peak GEMM were "
                    "measured, so the limits are low and 'of limit' reads high (can exceed 100%)")
+    decode_bw = next((c["bandwidth_gb_s"] for c in result.get("measurements", []) if c.get("bandwidth_rounds_gb_s")), None)
+    if decode_bw is not None:
+        out.append(f"decode limits use the read bandwidth probed before each decode round: median {decode_bw:.1f} GB/s")
     out.append("others = busiest repeat's mean CPU use by other processes (cores); of limit = decode vs "
                "bandwidth/weight bytes, prefill vs peak GEMM of its dtype; anycore/this = reference anycore "
                "median / this median (↑ higher is better: > 1 favours anycore; ↓ latency: < 1 favours anycore)")

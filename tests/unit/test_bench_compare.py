@@ -68,13 +68,17 @@ def test_offline_interleaves_and_records(tmp_path, monkeypatch):
     monkeypatch.setattr(cmp, "TransformersRunner", FakeRunner)
     args = _args(tmp_path, "--peers", "transformers", "--hf-dtypes", "bf16,fp32", "--repeats", "2",
                  "--workloads", "decode,prefill")
+    probes = iter([1.5, 2.5])  # the bandwidth probed again before each decode round
+    monkeypatch.setattr(cmp.hardware, "memory_bandwidth",
+                        lambda threads, cache, passes=8: {"gb_s": next(probes), "passes": passes})
     c = cmp.Compare(args, EngineConfig(threads=2))
     c.offline(tmp_path / "m.gguf", {"bandwidth_gb_s": 1.0, "peak": {"bf16": 1.0}, "prefill_flops_per_token": 1e9})
     order = ["anycore bf16", "transformers bf16", "transformers fp32"]
     assert FakeRunner.calls == order * 2 + order * 2  # decode rounds A B C A B C, then prefill rounds
     dec = [m for m in c.measurements if m["workload"].startswith("decode")]
     assert [m["engine"] for m in dec] == order
-    assert dec[0]["limit"] == pytest.approx(1000.0)  # 1 GB/s over 1 MB of weights
+    assert dec[0]["bandwidth_rounds_gb_s"] == [1.5, 2.5]
+    assert dec[0]["limit"] == pytest.approx(2000.0)  # median 2 GB/s over 1 MB of weights
     assert all(len(m["values"]) == 2 and len(m["loads"]) == 2 for m in dec)
     pre = [m for m in c.measurements if m["workload"].startswith("prefill")]
     assert pre[0]["limit"] == pytest.approx(1000.0)  # 1 TFLOP/s over 1 GFLOP per token
