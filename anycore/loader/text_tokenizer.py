@@ -102,6 +102,8 @@ class TextTokenizer:
         self.bos_token_id = self._id(self.special_tokens_map.get("bos_token"))
         self.eos_token_id = self._id(self.special_tokens_map.get("eos_token"))
         self.pad_token_id = self._id(self.special_tokens_map.get("pad_token"))
+        # tokenizer.json's post-processor is used as written: transformers 5 does the same even
+        # when the config names add_bos_token (tests check both agree with such configs)
 
     def _id(self, token: str | None) -> int | None:
         return None if token is None else self._tok.token_to_id(token)

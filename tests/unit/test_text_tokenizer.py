@@ -101,3 +101,19 @@ def test_templates_run_sandboxed_with_transformers_helpers(pair, tmp_path):
     escape = _with_template(ours.folder, tmp_path, "{{ messages.__class__.__mro__ }}")
     with pytest.raises(jinja2.exceptions.SecurityError):
         escape.apply_chat_template(CHATS[0])
+
+
+@pytest.mark.parametrize("flags", [{"add_bos_token": True}, {"add_bos_token": True, "add_eos_token": True},
+                                   {"add_bos_token": False}])
+def test_add_bos_eos_flags_in_the_config_match_transformers(pair, tmp_path, flags):
+    from transformers import AutoTokenizer
+
+    ours, _ = pair
+    out = tmp_path / "t"
+    ours.save_pretrained(out)
+    config = json.loads((out / "tokenizer_config.json").read_text())
+    (out / "tokenizer_config.json").write_text(json.dumps({**config, **flags}))
+    mine, hf = TextTokenizer(out), AutoTokenizer.from_pretrained(str(out), local_files_only=True)
+    for text in TEXTS:
+        assert mine.encode(text) == hf.encode(text), (flags, text)
+        assert mine.encode(text, add_special_tokens=False) == hf.encode(text, add_special_tokens=False)
