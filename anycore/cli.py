@@ -25,6 +25,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="quantize linear layers at load time (pre-quantized checkpoints need no flag)")
     g.add_argument("--quantize-lm-head", action="store_true",
                    help="with --quantization: the logits head too (not written by `anycore quantize`)")
+    g.add_argument("--quantize-embedding", action="store_true",
+                   help="with --quantization: the token embedding table too, int8 rows (a tied table needs "
+                        "--quantize-lm-head; not written by `anycore quantize`)")
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
@@ -41,6 +44,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         kernels=args.kernels,
         quantization=args.quantization,
         quantize_lm_head=args.quantize_lm_head,
+        quantize_embedding=args.quantize_embedding,
     )
 
 
@@ -145,9 +149,9 @@ def _quantize(args: argparse.Namespace) -> int:
     from anycore.engine.engine import Engine
     from anycore.quantize import save_quantized
 
-    if args.quantize_lm_head:
-        raise ValueError("--quantize-lm-head is not written to checkpoints (compressed-tensors keeps the head "
-                         "unquantized); pass it when serving instead")
+    if args.quantize_lm_head or args.quantize_embedding:
+        raise ValueError("--quantize-lm-head / --quantize-embedding are not written to checkpoints "
+                         "(compressed-tensors keeps the head and embedding unquantized); pass them when serving instead")
     engine = Engine(replace(engine_config(args), quantization=args.quantization or "w8a8_int8"))
     out = save_quantized(engine, args.out)
     print(f"wrote {engine.quantization} checkpoint to {out} (serve it with: anycore serve --model {out})")

@@ -107,6 +107,9 @@ class EngineConfig:
     # online quantization only: the logits head too (int8, smoothed; +0.2% perplexity on
     # SmolLM2-135M, a quarter of a bf16 decode step's bytes there); off by default
     quantize_lm_head: bool = False
+    # online quantization only: the token embedding table too (int8 rows; a tied table needs
+    # quantize_lm_head, since a float head would keep it); off by default
+    quantize_embedding: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
     def resolved_kv_cache_gb(self) -> float:
@@ -124,3 +127,5 @@ class EngineConfig:
             raise ValueError("kv_cache_gb must be > 0")
         if self.quantize_lm_head and not self.quantization:
             raise ValueError("quantize_lm_head needs online quantization (quantization='w8a8_int8')")
+        if self.quantize_embedding and not self.quantization:
+            raise ValueError("quantize_embedding needs online quantization (quantization='w8a8_int8')")

@@ -134,15 +134,18 @@ class Compare:
     def anycore_engines(self, offline: bool) -> list[tuple[str, EngineConfig]]:
         """anycore's engines in this run: bf16; on the torch-native ops (``--kernels-off``,
         offline workloads only); ``--quantization``; and with ``--quantize-lm-head`` the
-        quantized engine a second time with its logits head in int8 too."""
-        c = replace(self.config, dtype="bfloat16", quantize_lm_head=False)
+        quantized engine a second time with its logits head in int8 too (and its embedding table,
+        with ``--quantize-embedding``)."""
+        c = replace(self.config, dtype="bfloat16", quantize_lm_head=False, quantize_embedding=False)
         engines = [("anycore bf16", replace(c, quantization=None))]
         if self.args.kernels_off and offline:  # the same engine on the portable ops: what the kernels buy
             engines.append(("anycore bf16 torch-native", replace(c, quantization=None, kernels="torch-native")))
         if c.quantization:
             engines.append((f"anycore {c.quantization}", c))
             if self.config.quantize_lm_head:
-                engines.append((f"anycore {c.quantization} +int8 head", replace(c, quantize_lm_head=True)))
+                embed = self.config.quantize_embedding
+                engines.append((f"anycore {c.quantization} +int8 head" + (" +embed" if embed else ""),
+                                replace(c, quantize_lm_head=True, quantize_embedding=embed)))
         return engines
 
     def _runners(self, gguf: Path) -> list[Any]:

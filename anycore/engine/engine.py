@@ -41,13 +41,12 @@ def streamed_weight_bytes(model: torch.nn.Module) -> int:
     """Bytes of weights one decode step reads: every parameter and buffer, except embedding
     tables that are only gathered from (a row per token), i.e. all but one the logits head
     multiplies by (tied, not replaced by an int8 copy)."""
-    tensors = {id(t): t for t in [*model.parameters(), *model.buffers()]}
-    total = sum(t.numel() * t.element_size() for t in tensors.values())
     heads = [m for m in model.modules() if isinstance(m, LogitsHead)]
-    for m in model.modules():
-        if isinstance(m, VocabEmbedding) and not any(h.tied_to is m and h.int8_kernel is None for h in heads):
-            total -= m.weight.numel() * m.weight.element_size()
-    return total
+    gathered = {id(t) for m in model.modules() if isinstance(m, VocabEmbedding)
+                and not any(h.tied_to is m and h.int8_kernel is None for h in heads)
+                for t in (*m.parameters(recurse=False), *m.buffers(recurse=False))}
+    tensors = {id(t): t for t in [*model.parameters(), *model.buffers()] if id(t) not in gathered}
+    return sum(t.numel() * t.element_size() for t in tensors.values())
 
 
 class Engine:
@@ -80,8 +79,9 @@ class Engine:
         weights = tqdm(source.weights(self.dtype), total=len(source.weight_names), desc="loading weights",
                        unit="tensor", disable=None, leave=False)
         self.quantization, prequantized = resolve_quantization(config.quantization, source.hf_config)
-        if config.quantize_lm_head and prequantized:
-            raise ValueError("quantize_lm_head applies to online quantization; this checkpoint is pre-quantized")
+        if (config.quantize_lm_head or config.quantize_embedding) and prequantized:
+            raise ValueError("quantize_lm_head / quantize_embedding apply to online quantization; this checkpoint "
+                             "is pre-quantized")
         # pre-quantized checkpoints load int8 weights directly; online quantization loads the
         # float weights, calibrates, smooths and quantizes once the runner exists (below)
         self.model = build_model(mc, self.ops, self.dtype, weights, max_len,
@@ -99,7 +99,7 @@ class Engine:
                 self.model, linear_method_factory(self.quantization),
                 lambda: [self.score(calib[i : i + window]) for i in tqdm(
                     range(0, len(calib) - 1, window), desc="calibrating", unit="window", disable=None, leave=False)],
-                lm_head=config.quantize_lm_head,
+                lm_head=config.quantize_lm_head, embedding=config.quantize_embedding,
             )
         consolidate_weights(self.model)  # one huge-page block: faster to stream, no heap left fragmented
         tensors = [*self.model.parameters(), *self.model.buffers()]

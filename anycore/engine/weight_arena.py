@@ -14,7 +14,7 @@ Why, measured on this project's 2-core Xeon with SmolLM2-135M:
 Invariant: every tensor keeps its identity. Its storage is swapped (``tensor.data = view``), so
 whatever holds the tensor (fused-call caches, tied heads, hooks' closures) sees the new memory,
 and results are bit-identical. Tensors that share a storage with another (views) stay where
-they are: moving one would split them.
+they are (moving one would split them), as do inference tensors (see ``_movable``).
 """
 
 from __future__ import annotations
@@ -35,14 +35,17 @@ _TRIM_EVERY = 64 << 20  # bytes moved between returns of the freed heap to the O
 
 
 def _movable(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-    """The tensors that own their storage alone, each once (a tensor may be registered twice)."""
+    """The tensors that own their storage alone, each once (a tensor may be registered twice).
+    Inference tensors stay put: given a normal tensor's storage they fail in later inference-mode
+    ops (no version counter)."""
     by_storage: dict[int, list[torch.Tensor]] = {}
     for t in {id(t): t for t in tensors}.values():
         by_storage.setdefault(t.untyped_storage().data_ptr(), []).append(t)
     out = []
     for group in by_storage.values():
         t = group[0]
-        if (len(group) == 1 and t.device.type == "cpu" and t.is_contiguous() and t.storage_offset() == 0
+        if (len(group) == 1 and t.device.type == "cpu" and not t.is_inference() and t.is_contiguous()
+                and t.storage_offset() == 0
                 and t.untyped_storage().nbytes() == t.numel() * t.element_size() and t.numel() > 0):
             out.append(t)
     return out

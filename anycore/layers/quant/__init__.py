@@ -7,7 +7,7 @@ from collections.abc import Callable
 from torch import nn
 from tqdm import tqdm
 
-from anycore.layers.embedding import LogitsHead
+from anycore.layers.embedding import LogitsHead, VocabEmbedding
 from anycore.layers.linear import Linear
 from anycore.layers.quant.smoothing import collect_input_stats, smooth
 from anycore.layers.quant.w8a8_int8 import W8A8Int8LinearMethod
@@ -42,13 +42,30 @@ def resolve_quantization(requested: str | None, hf_config: dict) -> tuple[str | 
 
 
 def quantize_online(model: nn.Module, make_method: Callable, run_calibration: Callable[[], object],
-                    alpha: float | None = None, lm_head: bool = False) -> None:
+                    alpha: float | None = None, lm_head: bool = False, embedding: bool = False) -> None:
     """Smooths activation outliers into the weights (when the model declares where; ``alpha``
     None: searched per pair, see smoothing.py), then switches every Linear to the quantized
     method and converts its weights. ``lm_head``: the logits head too
-    (``LogitsHead.quantize_int8``, smoothed with the same calibration pass, alpha 0.5)."""
+    (``LogitsHead.quantize_int8``, smoothed with the same calibration pass, alpha 0.5).
+    ``embedding``: the token embedding table too (``VocabEmbedding.quantize_int8``); a table the
+    head is tied to needs ``lm_head`` (else the float head would keep it)."""
+    if embedding:
+        check_embedding_quantizable(model, lm_head)
     _quantize(model, make_method, run_calibration, alpha, lm_head)
+    if embedding:
+        for m in model.modules():
+            if isinstance(m, VocabEmbedding):
+                m.quantize_int8()
     release_free_heap()  # after _quantize's locals (views of float weights among them) are gone
+
+
+def check_embedding_quantizable(model: nn.Module, lm_head: bool) -> None:
+    tied = any(isinstance(m, LogitsHead) and m.tied_to is not None for m in model.modules())
+    if not any(isinstance(m, VocabEmbedding) for m in model.modules()):
+        raise ValueError(f"{type(model).__name__} has no VocabEmbedding to quantize")
+    if tied and not lm_head:
+        raise ValueError("the logits head is tied to the embedding: quantize_embedding needs quantize_lm_head "
+                         "(a float head would keep the float table)")
 
 
 def _quantize(model: nn.Module, make_method: Callable, run_calibration: Callable[[], object],

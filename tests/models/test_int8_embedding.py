@@ -1,0 +1,60 @@
+"""quantize_embedding: the token embedding table as int8 rows (online quantization only)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from anycore import LLM
+from anycore.layers.embedding import VocabEmbedding
+from tests.models.test_tiny_models import write_checkpoint
+
+
+def test_int8_rows_look_up_within_half_a_step():
+    torch.manual_seed(0)
+    emb = VocabEmbedding(300, 48, torch.bfloat16)
+    emb.weight.data.copy_(torch.randn(300, 48) * torch.rand(300, 1) * 3)
+    table = emb.weight.data.float().clone()
+    ids = torch.tensor([[0, 5, 299], [7, 7, 123]])
+    emb.quantize_int8()
+    assert emb.is_int8 and emb.weight is None and emb.qweight.dtype == torch.int8
+    got = emb(ids)
+    assert got.dtype == torch.bfloat16 and got.shape == (2, 3, 48)
+    step = table.abs().amax(dim=1) / 127  # one int8 step of each row
+    err = (got.float() - table[ids]).abs() / step[ids][..., None]
+    assert err.max() <= 0.5 + 2 ** -7 * 127  # half a step, plus the bf16 rounding of the output
+
+
+@pytest.mark.parametrize("arch", ["llama-untied-llama3-rope", "qwen2-qkv-bias"])
+def test_engine_quantizes_the_table_and_leaves_it_out_of_streamed_bytes(tmp_path, tokenizer, arch):
+    write_checkpoint(tmp_path, arch, tokenizer)
+    kw = dict(model=str(tmp_path), dtype="float32", kv_cache_gb=0.01, quantization="w8a8_int8",
+              quantize_lm_head=True)
+    ref = LLM(**kw).engine
+    engine = LLM(**kw, quantize_embedding=True).engine
+    emb = engine.model.embed_tokens
+    assert emb.is_int8 and ref.model.embed_tokens.weight is not None
+    assert engine.weight_bytes == ref.weight_bytes  # a gathered table is never streamed, float or int8
+    assert engine.num_params == ref.num_params + emb.row_scale.numel()
+
+    def resident(model):
+        return sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+
+    table = ref.model.embed_tokens.weight
+    assert resident(ref.model) - resident(engine.model) == table.numel() * (4 - 1) - emb.row_scale.numel() * 4
+    ids = list(range(3, 60))
+    got, want = engine.score(ids), ref.score(ids)
+    assert (got - want).abs().mean() < 0.05 * want.abs().mean()
+
+
+def test_a_tied_table_needs_the_int8_head_and_online_quantization(tmp_path, tokenizer):
+    from anycore.cli import main
+    from anycore.config import EngineConfig
+
+    with pytest.raises(ValueError, match="needs online quantization"):
+        EngineConfig(quantize_embedding=True)
+    write_checkpoint(tmp_path, "qwen2-qkv-bias", tokenizer)  # tied
+    with pytest.raises(ValueError, match="needs quantize_lm_head"):
+        LLM(model=str(tmp_path), dtype="float32", kv_cache_gb=0.01, quantization="w8a8_int8",
+            quantize_embedding=True)
+    assert main(["quantize", "--quantize-embedding", "--out", str(tmp_path / "q")]) == 2  # not in checkpoints
