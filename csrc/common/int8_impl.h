@@ -198,9 +198,11 @@ float* i8_row_scales(const W8A8Args& a) {
   return reinterpret_cast<float*>(static_cast<int8_t*>(a.workspace) + I8Layout<M>::act_bytes(a.m, a.k));
 }
 
-// Quantizes (or copies, for raw int8 input) every row into the workspace, padding rows included.
+// Quantizes (or copies, for raw int8 input) every row into the workspace, and fills the padding
+// rows up to M::kRowAlign unless `pad` is false (a caller whose kernel reads only the m real
+// rows: AMX pads to 32 rows, which at decode cost more than the quantization itself).
 template <class M>
-void i8_quantize_rows(const W8A8Args& a) {
+void i8_quantize_rows(const W8A8Args& a, bool pad = true) {
   using L = I8Layout<M>;
   const int64_t m = a.m, k = a.k, kp = L::kp(k);
   int8_t* act = static_cast<int8_t*>(a.workspace);
@@ -218,7 +220,9 @@ void i8_quantize_rows(const W8A8Args& a) {
       }
     }
   });
-  for (int64_t r = m; r < L::act_rows(m); ++r) copy_row<M>(act + L::act_row_base(r, kp), nullptr, 0, kp);
+  if (pad) {
+    for (int64_t r = m; r < L::act_rows(m); ++r) copy_row<M>(act + L::act_row_base(r, kp), nullptr, 0, kp);
+  }
 }
 
 // Work items for tiles of `mr` rows x `nb` columns: (column block, run of row blocks), column

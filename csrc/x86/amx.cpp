@@ -92,8 +92,9 @@ void amx_gemm(const W8A8Args& a) {
 }
 
 void w8a8_linear_amx(const W8A8Args& a) {
-  i8_quantize_rows<AmxLayoutMicro>(a);
-  if (a.m >= kAmxMinRows && amx_permitted()) {
+  const bool tiles = a.m >= kAmxMinRows && amx_permitted();
+  i8_quantize_rows<AmxLayoutMicro>(a, /*pad=*/tiles);  // the VNNI micro-kernel reads only m rows
+  if (tiles) {
     amx_gemm(a);
   } else {
     i8_gemm<AmxLayoutMicro>(a);
