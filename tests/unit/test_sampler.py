@@ -114,3 +114,14 @@ def test_invalid_params_raise_clear_errors(kwargs):
     name = next(iter(kwargs))
     with pytest.raises(ValueError, match=name):
         SamplingParams(**kwargs)
+
+
+def test_argmax_rows_matches_torch_argmax_first_index_on_ties():
+    from anycore.engine.sampler import argmax_rows
+
+    torch.manual_seed(0)
+    x = torch.randn(5, 49152)
+    x[1, 7] = x[1, 9000] = x[1].max() + 1  # a tie: the first index wins, as in torch
+    assert torch.equal(argmax_rows(x), x.argmax(dim=-1)) and argmax_rows(x).dtype == torch.int64
+    assert torch.equal(argmax_rows(x[:, ::2]), x[:, ::2].argmax(dim=-1))  # strided rows
+    assert torch.equal(argmax_rows(x.bfloat16()), x.bfloat16().argmax(dim=-1))  # other dtypes: torch's
