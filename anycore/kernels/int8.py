@@ -23,8 +23,8 @@ def quantize_weight_per_channel(w: torch.Tensor) -> tuple[torch.Tensor, torch.Te
     """``w [N, K]`` float -> (int8 ``[N, K]``, fp32 scales ``[N]``), symmetric, range ±127."""
     wf = w.float()
     scale = wf.abs().amax(dim=1).clamp(min=1e-12) / 127.0
-    q = wf / scale[:, None]  # one temporary, rounded and clamped in place (the alpha search calls
-    q = q.round_().clamp_(-127, 127).to(torch.int8)  # this 7 times per linear)
+    # one temporary, rounded and clamped in place (the alpha search quantizes each weight 7 times)
+    q = (wf / scale[:, None]).round_().clamp_(-127, 127).to(torch.int8)
     return q, scale
 
 

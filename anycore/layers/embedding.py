@@ -38,7 +38,7 @@ class VocabEmbedding(nn.Module):
         return self.weight is None
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        if self.weight is None:  # int8 rows: dequantized per looked-up row only
+        if self.is_int8:  # dequantized per looked-up row only
             return (self.qweight[input_ids].float() * self.row_scale[input_ids, None]).to(self.dtype)
         return F.embedding(input_ids, self.weight)
 

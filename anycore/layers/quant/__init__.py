@@ -50,7 +50,7 @@ def quantize_online(model: nn.Module, make_method: Callable, run_calibration: Ca
     ``embedding``: the token embedding table too (``VocabEmbedding.quantize_int8``); a table the
     head is tied to needs ``lm_head`` (else the float head would keep it)."""
     if embedding:
-        check_embedding_quantizable(model, lm_head)
+        _check_embedding_quantizable(model, lm_head)
     _quantize(model, make_method, run_calibration, alpha, lm_head)
     if embedding:
         for m in model.modules():
@@ -59,7 +59,7 @@ def quantize_online(model: nn.Module, make_method: Callable, run_calibration: Ca
     release_free_heap()  # after _quantize's locals (views of float weights among them) are gone
 
 
-def check_embedding_quantizable(model: nn.Module, lm_head: bool) -> None:
+def _check_embedding_quantizable(model: nn.Module, lm_head: bool) -> None:
     tied = any(isinstance(m, LogitsHead) and m.tied_to is not None for m in model.modules())
     if not any(isinstance(m, VocabEmbedding) for m in model.modules()):
         raise ValueError(f"{type(model).__name__} has no VocabEmbedding to quantize")
