@@ -63,7 +63,7 @@ struct DotprodMicro {
 extern const KernelTable kTable_dotprod;
 const KernelTable kTable_dotprod = {
     "dotprod", {nullptr, nullptr}, {nullptr, nullptr}, {nullptr, nullptr}, {nullptr, nullptr},
-    {nullptr, nullptr}, {nullptr, nullptr}, ANYCORE_INT8_KERNELS(DotprodMicro),
+    {nullptr, nullptr}, {nullptr, nullptr}, {nullptr, nullptr}, {nullptr, nullptr}, ANYCORE_INT8_KERNELS(DotprodMicro),
 };
 
 }  // namespace anycore

@@ -58,7 +58,7 @@ struct I8mmMicro {
 extern const KernelTable kTable_i8mm;
 const KernelTable kTable_i8mm = {
     "i8mm", {nullptr, nullptr}, {nullptr, nullptr}, {nullptr, nullptr}, {nullptr, nullptr},
-    {nullptr, nullptr}, {nullptr, nullptr}, ANYCORE_INT8_KERNELS(I8mmMicro),
+    {nullptr, nullptr}, {nullptr, nullptr}, {nullptr, nullptr}, {nullptr, nullptr}, ANYCORE_INT8_KERNELS(I8mmMicro),
 };
 
 }  // namespace anycore

@@ -168,6 +168,8 @@ const KernelTable kTable_sve = {
     {&silu_and_mul_sve<float>, &silu_and_mul_sve<bf16>},
     {nullptr, nullptr},
     {nullptr, nullptr},
+    {nullptr, nullptr},
+    {nullptr, nullptr},
 };
 
 }  // namespace anycore

@@ -11,22 +11,11 @@
 // differences are where data goes: rotated K and V are written straight into the KV pool.
 #include <cstring>
 
+#include "decoder_layout.h"
 #include "ops.h"
 
 namespace anycore::ops {
 namespace {
-
-// weights[], in this order; each projection is (weight, W8A8 scale or None, bias or None)
-enum WeightIndex : int {
-  kInputNorm, kQkv, kQkvScale, kQkvBias, kQNorm, kKNorm, kO, kOScale, kOBias,
-  kPostNorm, kGateUp, kGateUpScale, kGateUpBias, kDown, kDownScale, kDownBias, kNumWeights
-};
-enum LinearIndex : int { kLinQkv, kLinO, kLinGateUp, kLinDown, kNumLinears };
-enum OpIndex : int { kOpRmsNorm, kOpAddRmsNorm, kOpRotary, kOpSiluMul, kOpAttention, kNumOps };
-
-using Weights = c10::List<std::optional<at::Tensor>>;
-
-constexpr int64_t kNativeLinearMaxRows = 4;  // = NATIVE_LINEAR_MAX_ROWS in kernels/dispatch.py
 
 at::Tensor required(const Weights& w, int64_t i) {
   std::optional<at::Tensor> t = w.get(i);
@@ -189,6 +178,9 @@ std::tuple<at::Tensor, at::Tensor> decoder_stack(
               " weights per layer");
   TORCH_CHECK(static_cast<int64_t>(linear_impls.size()) == layers * kNumLinears && op_impls.size() == kNumOps,
               "decoder_stack takes 4 linear implementation indices per layer and 5 op indices");
+  if (auto out = decode_team(hidden, weights, linear_impls, op_impls, k_pool, v_pool, slot_mapping, cos, sin, q_start_loc,
+                             seq_lens, slot_table, num_heads, num_kv_heads, head_dim, eps, scale))
+    return *out;
   const StepInputs in = step_inputs(hidden, slot_mapping, cos, sin, q_start_loc, seq_lens, slot_table, num_heads,
                                     num_kv_heads, head_dim, eps, scale);
   at::Tensor h = hidden;

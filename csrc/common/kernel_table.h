@@ -42,6 +42,12 @@ using RotaryFn = void (*)(void* out, const void* x, int64_t x_stride, const floa
                           int64_t head_dim);
 using SiluMulFn = void (*)(void* out, const void* x, int64_t x_stride, int64_t rows, int64_t d);
 using AttnFn = void (*)(const AttnArgs& args);
+// The same attention in pieces, for callers that are already inside a parallel region (the
+// batch-1 decode team, decode_team.cpp): units [begin, end) (unit u = item u / num_splits, key
+// range u % num_splits) with the caller's scratch of attn_scratch_floats(head_dim) floats, then,
+// when num_splits > 1 and every unit is done, the merge of items [begin, end).
+using AttnUnitsFn = void (*)(const AttnArgs& args, int64_t begin, int64_t end, float* scratch);
+using AttnMergeFn = void (*)(const AttnArgs& args, int64_t begin, int64_t end);
 // out[m, n] = sum_k x[m, k] * w[n, k] (+ bias[n]); small M (decode), w row-major [N, K].
 using LinearFn = void (*)(void* out, const void* x, int64_t x_stride, const void* w, const void* bias,
                           int64_t m, int64_t n, int64_t k);
@@ -82,6 +88,8 @@ struct KernelTable {
   SiluMulFn silu_and_mul[2];
   AttnFn paged_attention[2];  // null entries fall back to the generic variant
   LinearFn linear[2];
+  AttnUnitsFn attention_units[2];  // set together with paged_attention
+  AttnMergeFn attention_merge[2];
   Int8Kernels int8;  // all null: the variant has no int8 kernels (ops.cpp then uses generic's)
 };
 
@@ -89,5 +97,12 @@ struct KernelTable {
 constexpr int64_t kMaxHeadDim = 512;
 constexpr int64_t kMaxAttnRows = 64;  // (queries per item) * (heads per kv head)
 constexpr int64_t kKeyBlock = 32;
+constexpr int64_t kMaxVecWidth = 16;  // fp32 lanes of the widest vector type V
+
+// Floats of attention scratch one thread needs (q, accumulators, scores, a K and a V block).
+constexpr int64_t attn_scratch_floats(int64_t head_dim) {
+  const int64_t dpad = (head_dim + kMaxVecWidth - 1) / kMaxVecWidth * kMaxVecWidth;
+  return 2 * kMaxAttnRows * dpad + kMaxAttnRows * kKeyBlock + 2 * dpad * kKeyBlock + kMaxVecWidth;
+}
 
 }  // namespace anycore

@@ -360,7 +360,7 @@ void linear_kernel(void* out_, const void* x_, int64_t xs, const void* w_, const
   const T* w = static_cast<const T*>(w_);
   const T* bias = static_cast<const T*>(bias_);
   constexpr int64_t kRows = 4, kCols = 4;
-  parallel_for((n + kRows - 1) / kRows, 1 + 8192 / (k > 0 ? k : 1), [&](int64_t b0, int64_t b1) {
+  parallel_for_guided((n + kRows - 1) / kRows, 1 + 8192 / (k > 0 ? k : 1), [&](int64_t b0, int64_t b1) {
     for (int64_t blk = b0; blk < b1; ++blk) {
       const int64_t n0 = blk * kRows, nr = n - n0 < kRows ? n - n0 : kRows;
       for (int64_t i0 = 0; i0 < m; i0 += kCols) {
@@ -421,17 +421,27 @@ void attn_merge(const AttnArgs& a, int64_t it) {
 }
 
 template <typename V, typename T>
+void attention_units_kernel(const AttnArgs& a, int64_t begin, int64_t end, float* scratch) {
+  static_assert(V::W <= kMaxVecWidth, "attn_scratch_floats assumes at most kMaxVecWidth lanes");
+  const int64_t splits = a.num_splits > 1 ? a.num_splits : 1;
+  for (int64_t u = begin; u < end; ++u) attn_item<V, T>(a, a.items + 4 * (u / splits), u % splits, scratch);
+}
+
+template <typename V, typename T>
+void attention_merge_kernel(const AttnArgs& a, int64_t begin, int64_t end) {
+  for (int64_t i = begin; i < end; ++i) attn_merge<V, T>(a, i);
+}
+
+template <typename V, typename T>
 void paged_attention_kernel(const AttnArgs& a) {
-  const int64_t dpad = (a.head_dim + V::W - 1) / V::W * V::W;
-  const int64_t scratch_floats = 2 * kMaxAttnRows * dpad + kMaxAttnRows * kKeyBlock + 2 * dpad * kKeyBlock + V::W;
   const int64_t splits = a.num_splits > 1 ? a.num_splits : 1, units = a.num_items * splits;
   const int64_t max_threads = omp_in_parallel() ? 1 : omp_get_max_threads();
   const int nt = static_cast<int>(units < max_threads ? units : max_threads);
 #pragma omp parallel num_threads(nt > 0 ? nt : 1)
   {
-    float* scratch = static_cast<float*>(std::malloc(sizeof(float) * scratch_floats));
+    float* scratch = static_cast<float*>(std::malloc(sizeof(float) * attn_scratch_floats(a.head_dim)));
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t u = 0; u < units; ++u) attn_item<V, T>(a, a.items + 4 * (u / splits), u % splits, scratch);
+    for (int64_t u = 0; u < units; ++u) attention_units_kernel<V, T>(a, u, u + 1, scratch);
     std::free(scratch);
     if (splits > 1) {
 #pragma omp for schedule(static)
@@ -455,6 +465,8 @@ void paged_attention_kernel(const AttnArgs& a) {
       {&silu_and_mul_kernel<V, float>, &silu_and_mul_kernel<V, bf16>},                          \
       {&paged_attention_kernel<V, float>, &paged_attention_kernel<V, bf16>},                    \
       {&linear_kernel<V, float>, &linear_kernel<V, bf16>},                                      \
+      {&attention_units_kernel<V, float>, &attention_units_kernel<V, bf16>},                    \
+      {&attention_merge_kernel<V, float>, &attention_merge_kernel<V, bf16>},                    \
       __VA_ARGS__ /* optional Int8Kernels (see int8_impl.h) */                                  \
   };                                                                                            \
   }

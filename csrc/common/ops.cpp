@@ -337,6 +337,7 @@ TORCH_LIBRARY(anycore, m) {
         "Tensor v_pool, Tensor slot_mapping, Tensor cos, Tensor sin, Tensor q_start_loc, Tensor seq_lens, "
         "Tensor slot_table, int num_heads, int num_kv_heads, int head_dim, float eps, float scale) -> (Tensor, Tensor)",
         &decoder_stack);
+  m.def("decode_team_steps() -> int", &decode_team_steps);
 }
 
 }  // namespace anycore

@@ -30,5 +30,23 @@ inline void parallel_for(int64_t n, int64_t grain, const F& f) {
   }
 }
 
+// parallel_for for long streaming loops: the same contract, but the threads take shrinking
+// chunks on demand (OpenMP guided), so one thread slowed by its neighbours on a shared host does
+// not leave the others waiting at the end.
+template <typename F>
+inline void parallel_for_guided(int64_t n, int64_t grain, const F& f) {
+  if (n <= 0) return;
+  int64_t max_threads = omp_in_parallel() ? 1 : omp_get_max_threads();
+  int64_t nt = (n + grain - 1) / (grain < 1 ? 1 : grain);
+  if (nt > max_threads) nt = max_threads;
+  if (nt <= 1) {
+    f(int64_t{0}, n);
+    return;
+  }
+  const int64_t chunk = grain < 1 ? 1 : grain;
+#pragma omp parallel for num_threads(static_cast<int>(nt)) schedule(guided, chunk)
+  for (int64_t b = 0; b < n; ++b) f(b, b + 1);
+}
+
 }  // namespace
 }  // namespace anycore

@@ -106,7 +106,7 @@ void w8a8_linear_amx(const W8A8Args& a) {
 extern const KernelTable kTable_amx;
 const KernelTable kTable_amx = {
     "amx", {nullptr, nullptr}, {nullptr, nullptr}, {nullptr, nullptr}, {nullptr, nullptr},
-    {nullptr, nullptr}, {nullptr, nullptr},
+    {nullptr, nullptr}, {nullptr, nullptr}, {nullptr, nullptr}, {nullptr, nullptr},
     {&int8_packed_bytes<AmxLayoutMicro>, &int8_pack<AmxLayoutMicro>, &int8_unpack<AmxLayoutMicro>,
      &int8_workspace_bytes<AmxLayoutMicro>, &w8a8_linear_amx},
 };

@@ -11,7 +11,7 @@ using VnniMicro = VnniMicroT<4, 1>;
 extern const KernelTable kTable_avx512_vnni;
 const KernelTable kTable_avx512_vnni = {
     "avx512_vnni", {nullptr, nullptr}, {nullptr, nullptr}, {nullptr, nullptr}, {nullptr, nullptr},
-    {nullptr, nullptr}, {nullptr, nullptr}, ANYCORE_INT8_KERNELS(VnniMicro),
+    {nullptr, nullptr}, {nullptr, nullptr}, {nullptr, nullptr}, {nullptr, nullptr}, ANYCORE_INT8_KERNELS(VnniMicro),
 };
 
 }  // namespace anycore

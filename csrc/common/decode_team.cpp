@@ -1,0 +1,324 @@
+// Batch-1 bf16 decode through every layer in one OpenMP team.
+//
+// Why: at one token a SmolLM2 layer is four GEMVs (7 MB of bf16 weights, ~300 us) and a handful
+// of small ops. Run op by op (decoder_layer.cpp), every GEMV and the attention open and join
+// their own parallel region and allocate their outputs, and the small ops run on one thread
+// while the others wait. Here the threads enter once per step. Each owns a fixed slice of every
+// GEMV's rows (whole 4-row blocks of the GEMV kernel) and of the KV heads, and the team meets
+// only where data crosses threads, five barriers a layer:
+//   1. input norm: every thread computes it, into its own buffer (cheaper than a barrier); QKV rows
+//   2. RoPE, K/V into the pool and attention, for the thread's own KV heads
+//   3. O rows
+//   4. residual add + norm (every thread again); the gate and up rows of the thread's slice of
+//      the intermediate size, then SiLU-and-mul of that slice (no barrier between: same thread)
+//   5. down rows
+// While waiting at a barrier a thread has nothing to do, so before each one it prefetches the
+// first lines of its slice of the next GEMV (the GEMV's own software prefetch then takes over).
+//
+// Invariant: the same kernels on the same values as decoder_stack's op-by-op path (each row,
+// head and element is computed by the same code with the same inputs), so the results are
+// bit-identical; tests/kernels/test_decoder_layer.py compares them.
+#include <omp.h>
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "bf16.h"
+#include "decoder_layout.h"
+#include "ops.h"
+
+namespace anycore::ops {
+namespace {
+
+// [begin, end) of thread t's share of n items, cut in whole groups of `unit` items.
+struct Slice {
+  int64_t begin, end;
+  int64_t size() const { return end - begin; }
+};
+
+Slice share(int64_t n, int64_t unit, int64_t t, int64_t nt) {
+  const int64_t groups = (n + unit - 1) / unit, per = (groups + nt - 1) / nt;
+  return {std::min(n, t * per * unit), std::min(n, (t + 1) * per * unit)};
+}
+
+constexpr int64_t kGemvBlock = 4;  // rows per block of linear_kernel (kernels_impl.h)
+constexpr int64_t kMinChunk = 16;  // rows of the smallest chunk a thread takes (see Chunks)
+
+// Rows handed out on demand, in shrinking chunks ("guided"): each chunk is 1/(2 nt) of what is
+// left, at least kMinChunk rows and whole GEMV blocks. Static halves left one thread waiting
+// ~10 us at most barriers (two cores never stream at the same speed on a shared host); with
+// chunks the threads finish within a small chunk of each other.
+struct Chunks {
+  std::vector<int64_t> bounds;  // chunk c is rows [bounds[c], bounds[c + 1])
+
+  Chunks(int64_t n, int64_t nt) {
+    bounds.push_back(0);
+    for (int64_t b = 0; b < n;) {
+      int64_t size = (n - b) / (2 * nt) / kGemvBlock * kGemvBlock;
+      b = std::min(n, b + std::max(size, kMinChunk));
+      bounds.push_back(b);
+    }
+  }
+  int64_t count() const { return static_cast<int64_t>(bounds.size()) - 1; }
+};
+
+// One counter per (layer, GEMV): the next chunk to take. Fresh counters each step, so no reset
+// has to be ordered against the threads still reading the previous value.
+struct alignas(64) Ticket {
+  std::atomic<int64_t> next{0};
+};
+
+// f(rows) for every chunk this thread takes from `ticket`
+template <typename F>
+inline void take_chunks(Ticket& ticket, const Chunks& chunks, const F& f) {
+  for (int64_t c; (c = ticket.next.fetch_add(1, std::memory_order_relaxed)) < chunks.count();)
+    f(Slice{chunks.bounds[c], chunks.bounds[c + 1]});
+}
+
+// A bf16 projection's pointers, checked before the team starts (nothing may throw inside it).
+struct Gemv {
+  LinearFn fn;
+  const bf16* w;
+  const bf16* bias;  // or null
+  int64_t n, k;
+
+  // rows [r.begin, r.end) of out = x W^T (+ bias)
+  void run(bf16* out, const bf16* x, Slice r) const {
+    if (r.size() > 0) fn(out + r.begin, x, k, w + r.begin * k, bias ? bias + r.begin : nullptr, 1, r.size(), k);
+  }
+};
+
+struct LayerPtrs {
+  const bf16 *input_norm, *post_norm, *q_norm, *k_norm;  // q/k norm null when absent
+  Gemv qkv, o, gate, up, down;                            // gate/up: the two halves of gate_up
+};
+
+const bf16* bf16_ptr(const at::Tensor& t) { return reinterpret_cast<const bf16*>(t.data_ptr()); }
+
+// The layer's pointers, or false when it cannot run in the team (W8A8, not bf16, not the
+// native GEMV): decoder_stack then takes the op-by-op path.
+bool layer_ptrs(const Weights& w, int64_t w0, const int64_t* lin, int64_t hidden, int64_t q_size,
+                int64_t kv_size, int64_t head_dim, LayerPtrs& out) {
+  auto get = [&](int64_t i) -> std::optional<at::Tensor> {
+    std::optional<at::Tensor> t = w.get(w0 + i);
+    return t.has_value() && t->defined() ? t : std::nullopt;
+  };
+  auto vec = [&](int64_t i, int64_t n, const bf16*& p) {
+    auto t = get(i);
+    if (!t) return false;
+    p = bf16_ptr(*t);
+    return t->scalar_type() == at::kBFloat16 && t->is_contiguous() && t->numel() == n;
+  };
+  auto gemv = [&](int64_t first, int64_t impl, int64_t n, int64_t k, Gemv& g) {
+    auto wt = get(first), bias = get(first + 2);
+    if (!wt || get(first + 1) || impl < 0 || wt->scalar_type() != at::kBFloat16 || !wt->is_contiguous() ||
+        wt->dim() != 2 || wt->size(0) != n || wt->size(1) != k)
+      return false;
+    if (bias && (bias->scalar_type() != at::kBFloat16 || !bias->is_contiguous() || bias->numel() != n)) return false;
+    g = {table(impl).linear[1], bf16_ptr(*wt), bias ? bf16_ptr(*bias) : nullptr, n, k};
+    return g.fn != nullptr;
+  };
+  auto gu = get(kGateUp);
+  auto dn = get(kDown);
+  if (!gu || !dn || gu->dim() != 2 || gu->size(0) % 2 != 0 || dn->dim() != 2) return false;
+  const int64_t inter = gu->size(0) / 2;
+  out.q_norm = out.k_norm = nullptr;
+  if (get(kQNorm) && !(vec(kQNorm, head_dim, out.q_norm) && vec(kKNorm, head_dim, out.k_norm))) return false;
+  Gemv both;
+  if (!(vec(kInputNorm, hidden, out.input_norm) && vec(kPostNorm, hidden, out.post_norm) &&
+        gemv(kQkv, lin[kLinQkv], q_size + 2 * kv_size, hidden, out.qkv) && gemv(kO, lin[kLinO], hidden, q_size, out.o) &&
+        gemv(kGateUp, lin[kLinGateUp], 2 * inter, hidden, both) && gemv(kDown, lin[kLinDown], hidden, inter, out.down)))
+    return false;
+  out.gate = {both.fn, both.w, both.bias, inter, hidden};
+  out.up = {both.fn, both.w + inter * hidden, both.bias ? both.bias + inter : nullptr, inter, hidden};
+  return true;
+}
+
+std::atomic<int64_t> g_team_steps{0};
+
+// ANYCORE_DECODE_TEAM=0 sends every step op by op (A/B benchmarks, tests); read per call so a
+// process can switch.
+bool switched_off() {
+  const char* v = std::getenv("ANYCORE_DECODE_TEAM");
+  return v != nullptr && std::strcmp(v, "0") == 0;
+}
+
+}  // namespace
+
+int64_t decode_team_steps() { return g_team_steps.load(); }
+
+std::optional<std::tuple<at::Tensor, at::Tensor>> decode_team(
+    const at::Tensor& hidden, const Weights& weights, c10::IntArrayRef linear_impls, c10::IntArrayRef op_impls,
+    const at::Tensor& k_pool, const at::Tensor& v_pool, const at::Tensor& slot_mapping, const at::Tensor& cos_in,
+    const at::Tensor& sin_in, const at::Tensor& q_start_loc, const at::Tensor& seq_lens, const at::Tensor& slot_table,
+    int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, double eps_d, double scale) {
+  const int64_t H = num_heads, KV = num_kv_heads, D = head_dim, layers = k_pool.size(0);
+  if (switched_off() || hidden.dim() != 2 || hidden.size(0) != 1 || hidden.scalar_type() != at::kBFloat16 ||
+      !hidden.is_contiguous() || seq_lens.numel() != 1 || k_pool.scalar_type() != at::kBFloat16 || v_pool.scalar_type() != at::kBFloat16 ||
+      KV <= 0 || H % KV != 0 || D % 2 != 0 || D > kMaxHeadDim || H / KV > kMaxAttnRows || k_pool.size(2) != KV ||
+      k_pool.size(3) != D || v_pool.sizes() != k_pool.sizes() || k_pool.stride(2) != D || k_pool.stride(3) != 1 ||
+      v_pool.stride(2) != D || v_pool.stride(3) != 1)
+    return std::nullopt;
+  const int64_t hid = hidden.size(1), q_size = H * D, kv_size = KV * D, group = H / KV;
+  std::vector<LayerPtrs> lp(layers);
+  int64_t inter = 0;
+  for (int64_t l = 0; l < layers; ++l) {
+    if (!layer_ptrs(weights, l * kNumWeights, linear_impls.data() + l * kNumLinears, hid, q_size, kv_size, D, lp[l]))
+      return std::nullopt;
+    if (l > 0 && lp[l].gate.n != inter) return std::nullopt;
+    inter = lp[l].gate.n;
+  }
+
+  // step inputs, converted and checked once (as paged_attention and decoder_stack do)
+  at::Tensor slot_t = slot_mapping.to(at::kLong).contiguous();
+  at::Tensor cos = cos_in.to(at::kFloat).contiguous(), sin = sin_in.to(at::kFloat).contiguous();
+  at::Tensor starts = q_start_loc.to(at::kLong).contiguous(), lens = seq_lens.to(at::kLong).contiguous();
+  at::Tensor slots_tab = slot_table.to(at::kLong).contiguous();
+  TORCH_CHECK(slot_t.numel() == 1 && cos.numel() == D && sin.numel() == D, "decode step: bad slot_mapping or cos/sin");
+  const int64_t slot = slot_t.data_ptr<int64_t>()[0], seq_len = lens.data_ptr<int64_t>()[0];
+  TORCH_CHECK(slot >= 0 && slot < k_pool.size(1), "slot ", slot, " outside the KV pool");
+  TORCH_CHECK(starts.numel() == 2 && starts.data_ptr<int64_t>()[1] - starts.data_ptr<int64_t>()[0] == 1 &&
+                  starts.data_ptr<int64_t>()[1] <= 1 && seq_len >= 1 && slots_tab.dim() == 2 &&
+                  slots_tab.size(0) >= 1 && seq_len <= slots_tab.size(1),
+              "decode step: bad q_start_loc, seq_lens or slot_table");
+
+  // attention work as paged_attention cuts it: one item per KV head, split-K by the same rule
+  const int64_t threads = at::get_num_threads();
+  int64_t splits = 1;
+  if (KV < threads) splits = std::max<int64_t>(1, std::min((2 * threads + KV - 1) / KV, seq_len / (4 * kKeyBlock)));
+  std::vector<int64_t> items;
+  for (int64_t h = 0; h < KV; ++h) items.insert(items.end(), {0, h, 0, 1});
+
+  // the kernels, resolved once (ANYCORE_PICK may throw; nothing inside the team may)
+  RmsNormFn rms_norm = ANYCORE_PICK(rms_norm, op_impls[kOpRmsNorm], 1);
+  AddRmsNormFn add_rms_norm = ANYCORE_PICK(add_rms_norm, op_impls[kOpAddRmsNorm], 1);
+  RotaryFn rotary = ANYCORE_PICK(apply_rotary, op_impls[kOpRotary], 1);
+  SiluMulFn silu_mul = ANYCORE_PICK(silu_and_mul, op_impls[kOpSiluMul], 1);
+  AttnUnitsFn attn_units = ANYCORE_PICK(attention_units, op_impls[kOpAttention], 1);
+  AttnMergeFn attn_merge = ANYCORE_PICK(attention_merge, op_impls[kOpAttention], 1);
+
+  // shared activations; every thread also keeps its own norm output and residual (see top)
+  auto bf = hidden.options();
+  at::Tensor qkv = at::empty({q_size + 2 * kv_size}, bf), q_rot = at::empty({q_size}, bf);
+  at::Tensor attn = at::empty({q_size}, bf), o_out = at::empty({hid}, bf), act = at::empty({inter}, bf);
+  at::Tensor h_out = at::empty({1, hid}, bf), res_out = at::empty({1, hid}, bf);
+  at::Tensor partial;
+  if (splits > 1) partial = at::empty({KV * splits * group * (D + 2)}, bf.dtype(at::kFloat));
+
+  const float eps = static_cast<float>(eps_d);
+  const float* cs = cos.data_ptr<float>();
+  const float* sn = sin.data_ptr<float>();
+  const int64_t es = 2, k_layer = k_pool.stride(0), v_layer = v_pool.stride(0);
+  bf16* kc0 = reinterpret_cast<bf16*>(k_pool.data_ptr()) + slot * k_pool.stride(1);
+  bf16* vc0 = reinterpret_cast<bf16*>(v_pool.data_ptr()) + slot * v_pool.stride(1);
+  bf16* qkv_p = reinterpret_cast<bf16*>(qkv.data_ptr());
+  bf16* q_p = reinterpret_cast<bf16*>(q_rot.data_ptr());
+  bf16* attn_p = reinterpret_cast<bf16*>(attn.data_ptr());
+  bf16* o_p = reinterpret_cast<bf16*>(o_out.data_ptr());
+  bf16* act_p = reinterpret_cast<bf16*>(act.data_ptr());
+  bf16* h_p = reinterpret_cast<bf16*>(h_out.data_ptr());  // each layer's down output; the last one is returned
+  const bf16* x0 = bf16_ptr(hidden);
+
+  AttnArgs a0{};
+  a0.out = attn_p, a0.q = q_p;
+  a0.q_st = q_size, a0.q_sh = D;
+  a0.k_ss = k_pool.stride(1), a0.k_sh = D, a0.v_ss = v_pool.stride(1), a0.v_sh = D;
+  a0.q_start = starts.data_ptr<int64_t>(), a0.seq_lens = lens.data_ptr<int64_t>();
+  a0.slots = slots_tab.data_ptr<int64_t>(), a0.slots_stride = slots_tab.size(1);
+  a0.items = items.data(), a0.num_items = KV;
+  a0.num_heads = H, a0.num_kv_heads = KV, a0.head_dim = D;
+  a0.scale = static_cast<float>(scale);
+  a0.num_splits = splits, a0.rows_per_item = group;
+  a0.partial = splits > 1 ? partial.data_ptr<float>() : nullptr;
+
+  const int64_t team = std::max<int64_t>(1, threads);
+  const Chunks qkv_chunks(q_size + 2 * kv_size, team), o_chunks(hid, team), inter_chunks(inter, team),
+      down_chunks(hid, team);
+  std::vector<Ticket> tickets(layers * kNumLinears);
+#pragma omp parallel num_threads(static_cast<int>(team))
+  {
+    const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+    // private: norm output, residual (ping-pong: add_rms_norm reads one, writes the other),
+    // the gate|up rows of this thread's slice, attention scratch
+    std::vector<bf16> normed(hid), res_a(hid), res_b(hid), gu(2 * inter_chunks.bounds[1]);
+    std::vector<float> scratch(attn_scratch_floats(D));
+    std::vector<bf16> qn(lp[0].q_norm ? q_size : 0), kn(lp[0].q_norm ? kv_size : 0);
+    const Slice mine_kv = share(KV, 1, t, nt);
+    const Slice mine_units = share(KV * splits, 1, t, nt);
+    const bf16* res = x0;
+    bf16* res_next = res_a.data();
+    for (int64_t l = 0; l < layers; ++l) {
+      const LayerPtrs& p = lp[l];
+      // 1. input norm (layer 0: of the embedding, which is the residual), QKV rows
+      if (l == 0) {
+        rms_norm(normed.data(), x0, hid, p.input_norm, 1, hid, eps);
+      } else {
+        add_rms_norm(normed.data(), res_next, h_p, hid, res, hid, p.input_norm, 1, hid, eps);
+        res = res_next;
+        res_next = res_next == res_a.data() ? res_b.data() : res_a.data();
+      }
+      Ticket* tk = &tickets[l * kNumLinears];
+      take_chunks(tk[kLinQkv], qkv_chunks, [&](Slice r) { p.qkv.run(qkv_p, normed.data(), r); });
+      #pragma omp barrier
+      // 2. this thread's KV heads: (q/k norm), RoPE, K and V into the pool, attention
+      bf16* kc = kc0 + l * k_layer;
+      bf16* vc = vc0 + l * v_layer;
+      if (mine_kv.size() > 0) {
+        const int64_t h0 = mine_kv.begin * group, nh = mine_kv.size() * group;
+        const bf16* q_src = qkv_p;
+        const bf16* k_src = qkv_p + q_size;
+        if (p.q_norm) {  // per-head RMSNorm (Qwen3) into this thread's buffers, then RoPE from there
+          rms_norm(qn.data() + h0 * D, qkv_p + h0 * D, D, p.q_norm, nh, D, eps);
+          rms_norm(kn.data() + mine_kv.begin * D, k_src + mine_kv.begin * D, D, p.k_norm, mine_kv.size(), D, eps);
+          q_src = qn.data(), k_src = kn.data();
+        }
+        rotary(q_p + h0 * D, q_src + h0 * D, q_size, cs, sn, D, 1, nh, D);
+        rotary(kc + mine_kv.begin * D, k_src + mine_kv.begin * D, kv_size, cs, sn, D, 1, mine_kv.size(), D);
+        std::memcpy(vc + mine_kv.begin * D, qkv_p + q_size + kv_size + mine_kv.begin * D, mine_kv.size() * D * es);
+      }
+      AttnArgs a = a0;
+      a.k = kc - slot * k_pool.stride(1);
+      a.v = vc - slot * v_pool.stride(1);
+      if (splits == 1) {
+        attn_units(a, mine_kv.begin, mine_kv.end, scratch.data());
+      } else {  // other threads read this thread's new K/V row
+#pragma omp barrier
+        attn_units(a, mine_units.begin, mine_units.end, scratch.data());
+#pragma omp barrier
+        attn_merge(a, mine_kv.begin, mine_kv.end);
+      }
+#pragma omp barrier
+      // 3. O rows
+      take_chunks(tk[kLinO], o_chunks, [&](Slice r) { p.o.run(o_p, attn_p, r); });
+#pragma omp barrier
+      // 4. residual add + post norm, gate and up rows of this slice, SiLU-and-mul of the slice
+      add_rms_norm(normed.data(), res_next, o_p, hid, res, hid, p.post_norm, 1, hid, eps);
+      res = res_next;
+      res_next = res_next == res_a.data() ? res_b.data() : res_a.data();
+      take_chunks(tk[kLinGateUp], inter_chunks, [&](Slice r) {
+        // gate rows r and up rows inter + r, side by side in gu, then SiLU(gate) * up of r
+        const Slice local{0, r.size()};
+        Gemv gate = p.gate, up = p.up;
+        gate.w += r.begin * hid, up.w += r.begin * hid;
+        if (gate.bias) gate.bias += r.begin, up.bias += r.begin;
+        gate.run(gu.data(), normed.data(), local);
+        up.run(gu.data() + r.size(), normed.data(), local);
+        silu_mul(act_p + r.begin, gu.data(), 2 * r.size(), 1, r.size());
+      });
+#pragma omp barrier
+      // 5. down rows
+      take_chunks(tk[kLinDown], down_chunks, [&](Slice r) { p.down.run(h_p, act_p, r); });
+#pragma omp barrier
+    }
+    if (t == 0) std::memcpy(res_out.data_ptr(), res, hid * es);
+  }
+  g_team_steps.fetch_add(1, std::memory_order_relaxed);
+  return std::make_tuple(h_out, res_out);
+}
+
+}  // namespace anycore::ops
