@@ -9,7 +9,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from anycore.engine.sampler import SamplingBatch, sample
+from anycore.engine.sampler import sample_requests
+from anycore.engine.slot_rows import SlotRows
 from anycore.layers.forward_batch import ForwardBatch
 from anycore.scheduler.request import TokenLogprob
 from anycore.scheduler.scheduler import SchedulerOutput
@@ -53,25 +54,31 @@ class ModelRunner:
         self.kv = kv
         self.k_layers = list(kv.k.unbind(0))  # per-layer views of the pool
         self.v_layers = list(kv.v.unbind(0))
+        self.slot_rows = SlotRows()
 
     def build_batch(self, out: SchedulerOutput) -> ForwardBatch:
         sched = out.scheduled
-        n_new = np.array([s.num_new_tokens for s in sched], dtype=np.int64)
-        starts = np.array([s.start for s in sched], dtype=np.int64)
-        seq_lens = starts + n_new
-        q_start = np.zeros(len(sched) + 1, dtype=np.int64)
-        np.cumsum(n_new, out=q_start[1:])
-        total = int(q_start[-1])
-        # positions: start..start+n for each request, built without a per-token loop
-        positions = np.arange(total, dtype=np.int64) - np.repeat(q_start[:-1] - starts, n_new)
-        input_ids = np.empty(total, dtype=np.int64)
-        slot_table = np.zeros((len(sched), int(seq_lens.max())), dtype=np.int64)
-        for i, s in enumerate(sched):
-            r = s.request
-            input_ids[q_start[i] : q_start[i + 1]] = r.all_token_ids[s.start : s.start + s.num_new_tokens]
-            slot_table[i, : seq_lens[i]] = r.slots[: seq_lens[i]]
-        rows = np.arange(len(sched))
-        slot_mapping = slot_table[np.repeat(rows, n_new), positions]
+        b = len(sched)
+        if all(s.num_new_tokens == 1 for s in sched):  # a decode step: one token per request
+            positions = np.fromiter((s.start for s in sched), np.int64, b)
+            input_ids = np.fromiter((s.request.all_token_ids[s.start] for s in sched), np.int64, b)
+            seq_lens = positions + 1
+            q_start = np.arange(b + 1, dtype=np.int64)
+            n_new = np.ones(b, dtype=np.int64)
+        else:
+            n_new = np.array([s.num_new_tokens for s in sched], dtype=np.int64)
+            starts = np.array([s.start for s in sched], dtype=np.int64)
+            seq_lens = starts + n_new
+            q_start = np.zeros(b + 1, dtype=np.int64)
+            np.cumsum(n_new, out=q_start[1:])
+            total = int(q_start[-1])
+            # positions: start..start+n for each request, built without a per-token loop
+            positions = np.arange(total, dtype=np.int64) - np.repeat(q_start[:-1] - starts, n_new)
+            input_ids = np.empty(total, dtype=np.int64)
+            for i, s in enumerate(sched):
+                input_ids[q_start[i] : q_start[i + 1]] = s.request.all_token_ids[s.start : s.start + s.num_new_tokens]
+        slot_table = self._slot_table(sched, seq_lens)
+        slot_mapping = slot_table[np.repeat(np.arange(b), n_new), positions]
         sample_rows = [i for i, s in enumerate(sched) if s.sample]
         logits_indices = q_start[1:][sample_rows] - 1
         t = torch.from_numpy
@@ -89,6 +96,18 @@ class ModelRunner:
             v_pool=self.kv.v,
         )
 
+    def _slot_table(self, sched, seq_lens: np.ndarray) -> np.ndarray:
+        """[batch, max seq_len] slots of each request (0-padded); one request: a view of its row."""
+        rows = [self.slot_rows.row(s.request) for s in sched]
+        if len(self.slot_rows) > 2 * len(sched) + 8:
+            self.slot_rows.retain({s.request.request_id for s in sched})
+        if len(rows) == 1:
+            return rows[0][None, : seq_lens[0]]
+        table = np.zeros((len(rows), int(seq_lens.max())), dtype=np.int64)
+        for i, row in enumerate(rows):
+            table[i, : seq_lens[i]] = row[: seq_lens[i]]
+        return table
+
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> tuple[dict[str, int], dict[str, TokenLogprob]]:
         """Runs one forward pass; returns the sampled token (and logprobs) per sampling request."""
@@ -98,7 +117,7 @@ class ModelRunner:
         if not reqs:
             return {}, {}
         logits = self.model.compute_logits(hidden)
-        tokens, logprobs = sample(logits, SamplingBatch.from_requests(reqs))
+        tokens, logprobs = sample_requests(logits, reqs)
         ids = [r.request_id for r in reqs]
         sampled = dict(zip(ids, tokens.tolist()))
         lps = {i: lp for i, lp in zip(ids, logprobs) if lp is not None}

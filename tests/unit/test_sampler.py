@@ -125,3 +125,24 @@ def test_argmax_rows_matches_torch_argmax_first_index_on_ties():
     assert torch.equal(argmax_rows(x), x.argmax(dim=-1)) and argmax_rows(x).dtype == torch.int64
     assert torch.equal(argmax_rows(x[:, ::2]), x[:, ::2].argmax(dim=-1))  # strided rows
     assert torch.equal(argmax_rows(x.bfloat16()), x.bfloat16().argmax(dim=-1))  # other dtypes: torch's
+
+
+@pytest.mark.parametrize("params, outputs", [
+    (SamplingParams(temperature=0), ()),  # plain greedy: the argmax shortcut
+    (SamplingParams(temperature=0, logprobs=2), ()),
+    (SamplingParams(temperature=0, repetition_penalty=1.5), ()),
+    (SamplingParams(temperature=0, presence_penalty=1.0), (3,)),
+    (SamplingParams(temperature=0, min_tokens=4), (5,)),  # EOS (id 0) still banned
+    (SamplingParams(temperature=0.8, seed=1), ()),
+])
+def test_sample_requests_equals_sample(params, outputs):
+    """The plain-greedy shortcut and the full path agree on tokens and logprobs, whatever the knobs."""
+    from anycore.engine.sampler import sample_requests
+
+    torch.manual_seed(0)
+    logits = torch.randn(3, 40)
+    logits[:, 0] = 10.0  # EOS would win unless banned
+    logits[:, 3] = 9.0  # then the penalised token
+    got = sample_requests(logits.clone(), reqs(*[params] * 3, outputs=outputs))
+    want = sample(logits.clone(), SamplingBatch.from_requests(reqs(*[params] * 3, outputs=outputs)))
+    assert got[0].tolist() == want[0].tolist() and got[1] == want[1]
