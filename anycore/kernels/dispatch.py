@@ -56,15 +56,16 @@ def select_ops(
     fns = {c.op: make_op(c.op, c.impl, ext) for c in sel.choices}
     native_index = {c.op: ext.variants.index(c.impl) for c in sel.choices
                     if ext is not None and c.impl in ext.variants}
-    fused = stack = None
+    fused = stack = stack_weights = None
     if all(op in native_index for op in FUSED_OPS):
-        fused, stack = _bind_decoder_layer([native_index[op] for op in FUSED_OPS])
+        fused, stack, stack_weights = _bind_decoder_layer([native_index[op] for op in FUSED_OPS])
     for c in sel.choices:
         log.info("kernel %s -> %s (%s)", c.op, c.impl, c.reason)
     log.info("kernel decoder_layer -> %s", "fused native" if fused else "unfused (some op is not native)")
     for w in sel.warnings:
         log.warning("kernels: %s", w)
-    return KernelOps(**fns, decoder_layer=fused, decoder_stack=stack, native_index=native_index, choices=sel.as_dict(),
+    return KernelOps(**fns, decoder_layer=fused, decoder_stack=stack, stack_weights=stack_weights,
+                     native_index=native_index, choices=sel.as_dict(),
                      reasons={c.op: c.reason for c in sel.choices})
 
 
@@ -158,8 +159,9 @@ def _bind(op: str, idx: int, impl: str = "") -> Callable:
     raise ValueError(op)
 
 
-def _bind_decoder_layer(op_impls: list[int]) -> tuple[Callable, Callable]:
-    """(decoder_layer, decoder_stack) with the five non-linear ops' variant indices bound."""
+def _bind_decoder_layer(op_impls: list[int]) -> tuple[Callable, Callable, Callable]:
+    """(decoder_layer, decoder_stack, stack_weights) with the five non-linear ops' variant
+    indices bound."""
     layer, stack = torch.ops.anycore.decoder_layer.default, torch.ops.anycore.decoder_stack.default
 
     def decoder_layer(hidden, residual, weights, linear_impls, k_cache, v_cache, slot_mapping, cos, sin,
@@ -167,12 +169,10 @@ def _bind_decoder_layer(op_impls: list[int]) -> tuple[Callable, Callable]:
         return layer(hidden, residual, weights, linear_impls, op_impls, k_cache, v_cache, slot_mapping, cos, sin,
                      q_start_loc, seq_lens, slot_table, num_heads, num_kv_heads, head_dim, eps, scale)
 
-    def decoder_stack(hidden, weights, linear_impls, k_pool, v_pool, slot_mapping, cos, sin,
-                      q_start_loc, seq_lens, slot_table, num_heads, num_kv_heads, head_dim, eps, scale):
-        return stack(hidden, weights, linear_impls, op_impls, k_pool, v_pool, slot_mapping, cos, sin,
-                     q_start_loc, seq_lens, slot_table, num_heads, num_kv_heads, head_dim, eps, scale)
+    def stack_weights(weights, linear_impls):
+        return torch.classes.anycore.StackWeights(weights, linear_impls, op_impls)
 
-    return decoder_layer, decoder_stack
+    return decoder_layer, stack, stack_weights
 
 
 def _bind_w8a8(idx: int, impl: str) -> Int8Linear:

@@ -37,11 +37,12 @@ class KernelOps:
     # a whole Llama-family layer in one native call (csrc/common/decoder_layer.cpp), composed of
     # the ops above; None unless all five non-linear ops are native (see FUSED_OPS)
     decoder_layer: Callable | None = None
-    # decoder_stack(hidden, weights, linear_impls, k_pool, v_pool, slot_mapping, cos, sin,
-    # q_start_loc, seq_lens, slot_table, num_heads, num_kv_heads, head_dim, eps, scale): every
-    # layer in one native call (the layers' weights and variant indices concatenated, the pools
-    # whole); bound exactly when decoder_layer is
+    # decoder_stack(hidden, stack_weights, k_pool, v_pool, slot_mapping, cos, sin, q_start_loc,
+    # seq_lens, slot_table, num_heads, num_kv_heads, head_dim, eps, scale): every layer in one
+    # native call (the pools whole), with stack_weights(weights, linear_impls) made once from the
+    # layers' weights and variant indices concatenated; both bound exactly when decoder_layer is
     decoder_stack: Callable | None = None
+    stack_weights: Callable | None = None
     # op name -> variant index in the extension, for native choices (the fused layer needs them)
     native_index: dict[str, int] = field(default_factory=dict)
     # op name -> human-readable implementation name (for logs and `anycore doctor`)

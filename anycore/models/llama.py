@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from operator import attrgetter, is_
+from typing import Any
 
 import torch
 from torch import nn
@@ -106,8 +107,7 @@ class _FusedStack:
     dtype: torch.dtype
     linears: tuple[Linear, ...]
     methods: tuple
-    weights: list
-    linear_impls: list[int]
+    native: Any  # ops.stack_weights(weights, linear_impls): converted for the native call once
 
     def valid(self) -> bool:
         return _methods_unchanged(self.linears, self.methods) and not _hooked(self.linears)
@@ -218,8 +218,8 @@ class LlamaForCausalLM(nn.Module):
         if any(c is None for c in calls):
             return None
         linears = tuple(lin for c in calls for lin in c.linears)
-        self._stack = _FusedStack(dtype, linears, tuple(lin.method for lin in linears),
-                                  [w for c in calls for w in c.weights], [i for c in calls for i in c.linear_impls])
+        native = self.ops.stack_weights([w for c in calls for w in c.weights], [i for c in calls for i in c.linear_impls])
+        self._stack = _FusedStack(dtype, linears, tuple(lin.method for lin in linears), native)
         return self._stack
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
@@ -230,7 +230,7 @@ class LlamaForCausalLM(nn.Module):
         if stack is not None:
             attn = self.layers[0].self_attn.attn
             hidden, residual = self.ops.decoder_stack(
-                hidden, stack.weights, stack.linear_impls, batch.k_pool, batch.v_pool, batch.slot_mapping, cos, sin,
+                hidden, stack.native, batch.k_pool, batch.v_pool, batch.slot_mapping, cos, sin,
                 batch.q_start_loc, batch.seq_lens, batch.slot_table, attn.num_heads, attn.num_kv_heads,
                 attn.head_dim, self.layers[0].input_layernorm.eps, attn.scale,
             )

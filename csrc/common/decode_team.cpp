@@ -153,10 +153,12 @@ bool switched_off() {
 int64_t decode_team_steps() { return g_team_steps.load(); }
 
 std::optional<std::tuple<at::Tensor, at::Tensor>> decode_team(
-    const at::Tensor& hidden, const Weights& weights, c10::IntArrayRef linear_impls, c10::IntArrayRef op_impls,
-    const at::Tensor& k_pool, const at::Tensor& v_pool, const at::Tensor& slot_mapping, const at::Tensor& cos_in,
-    const at::Tensor& sin_in, const at::Tensor& q_start_loc, const at::Tensor& seq_lens, const at::Tensor& slot_table,
-    int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, double eps_d, double scale) {
+    const at::Tensor& hidden, const StackWeights& stack, const at::Tensor& k_pool, const at::Tensor& v_pool,
+    const at::Tensor& slot_mapping, const at::Tensor& cos_in, const at::Tensor& sin_in, const at::Tensor& q_start_loc,
+    const at::Tensor& seq_lens, const at::Tensor& slot_table, int64_t num_heads, int64_t num_kv_heads,
+    int64_t head_dim, double eps_d, double scale) {
+  const Weights& weights = stack.weights;
+  const std::vector<int64_t>& op_impls = stack.op_impls;
   const int64_t H = num_heads, KV = num_kv_heads, D = head_dim, layers = k_pool.size(0);
   if (switched_off() || hidden.dim() != 2 || hidden.size(0) != 1 || hidden.scalar_type() != at::kBFloat16 ||
       !hidden.is_contiguous() || seq_lens.numel() != 1 || k_pool.scalar_type() != at::kBFloat16 || v_pool.scalar_type() != at::kBFloat16 ||
@@ -168,7 +170,7 @@ std::optional<std::tuple<at::Tensor, at::Tensor>> decode_team(
   std::vector<LayerPtrs> lp(layers);
   int64_t inter = 0;
   for (int64_t l = 0; l < layers; ++l) {
-    if (!layer_ptrs(weights, l * kNumWeights, linear_impls.data() + l * kNumLinears, hid, q_size, kv_size, D, lp[l]))
+    if (!layer_ptrs(weights, l * kNumWeights, stack.linear_impls.data() + l * kNumLinears, hid, q_size, kv_size, D, lp[l]))
       return std::nullopt;
     if (l > 0 && lp[l].gate.n != inter) return std::nullopt;
     inter = lp[l].gate.n;

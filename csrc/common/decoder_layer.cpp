@@ -162,32 +162,41 @@ std::tuple<at::Tensor, at::Tensor> decoder_layer(
   return run_layer(hidden, residual, weights, 0, linear_impls.data(), op_impls, k_cache, v_cache, in);
 }
 
+StackWeights::StackWeights(Weights w, std::vector<int64_t> linear, std::vector<int64_t> ops)
+    : weights(std::move(w)), linear_impls(std::move(linear)), op_impls(std::move(ops)) {
+  const int64_t layers = static_cast<int64_t>(weights.size()) / kNumWeights;
+  TORCH_CHECK(layers > 0 && static_cast<int64_t>(weights.size()) == layers * kNumWeights, "StackWeights takes ",
+              kNumWeights, " weights per layer");
+  TORCH_CHECK(static_cast<int64_t>(linear_impls.size()) == layers * kNumLinears && op_impls.size() == kNumOps,
+              "StackWeights takes 4 linear implementation indices per layer and 5 op indices");
+}
+
 // Every layer of the model in one call: layer l reads weights[16 l ...], linear_impls[4 l ...]
 // and the pools' slice l ([num_layers, slots, kv_heads, head_dim]). Same results as calling
 // decoder_layer per layer (the first without a residual); what it saves is the per-layer trip
 // through Python and the dispatcher (about 30 us a layer, 6% of a SmolLM2 bf16 decode step).
+// A one-token bf16 step runs in one thread team instead (decode_team.cpp, same results).
 std::tuple<at::Tensor, at::Tensor> decoder_stack(
-    const at::Tensor& hidden, const Weights& weights, c10::IntArrayRef linear_impls, c10::IntArrayRef op_impls,
-    const at::Tensor& k_pool, const at::Tensor& v_pool, const at::Tensor& slot_mapping, const at::Tensor& cos,
-    const at::Tensor& sin, const at::Tensor& q_start_loc, const at::Tensor& seq_lens, const at::Tensor& slot_table,
-    int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, double eps, double scale) {
+    const at::Tensor& hidden, const c10::intrusive_ptr<StackWeights>& stack, const at::Tensor& k_pool,
+    const at::Tensor& v_pool, const at::Tensor& slot_mapping, const at::Tensor& cos, const at::Tensor& sin,
+    const at::Tensor& q_start_loc, const at::Tensor& seq_lens, const at::Tensor& slot_table, int64_t num_heads,
+    int64_t num_kv_heads, int64_t head_dim, double eps, double scale) {
   TORCH_CHECK(k_pool.dim() == 4 && v_pool.dim() == 4 && k_pool.size(0) == v_pool.size(0) && k_pool.size(0) > 0,
               "k/v pools must be [num_layers, slots, num_kv_heads, head_dim]");
   const int64_t layers = k_pool.size(0);
-  TORCH_CHECK(static_cast<int64_t>(weights.size()) == layers * kNumWeights, "decoder_stack takes ", kNumWeights,
-              " weights per layer");
-  TORCH_CHECK(static_cast<int64_t>(linear_impls.size()) == layers * kNumLinears && op_impls.size() == kNumOps,
-              "decoder_stack takes 4 linear implementation indices per layer and 5 op indices");
-  if (auto out = decode_team(hidden, weights, linear_impls, op_impls, k_pool, v_pool, slot_mapping, cos, sin, q_start_loc,
-                             seq_lens, slot_table, num_heads, num_kv_heads, head_dim, eps, scale))
+  const Weights& weights = stack->weights;
+  TORCH_CHECK(static_cast<int64_t>(weights.size()) == layers * kNumWeights, "decoder_stack: the pools have ", layers,
+              " layers, the weights ", weights.size() / kNumWeights);
+  if (auto out = decode_team(hidden, *stack, k_pool, v_pool, slot_mapping, cos, sin, q_start_loc, seq_lens, slot_table,
+                             num_heads, num_kv_heads, head_dim, eps, scale))
     return *out;
   const StepInputs in = step_inputs(hidden, slot_mapping, cos, sin, q_start_loc, seq_lens, slot_table, num_heads,
                                     num_kv_heads, head_dim, eps, scale);
   at::Tensor h = hidden;
   std::optional<at::Tensor> res;
   for (int64_t l = 0; l < layers; ++l) {
-    auto [out, r] = run_layer(h, res, weights, l * kNumWeights, linear_impls.data() + l * kNumLinears, op_impls,
-                              k_pool.select(0, l), v_pool.select(0, l), in);
+    auto [out, r] = run_layer(h, res, weights, l * kNumWeights, stack->linear_impls.data() + l * kNumLinears,
+                              stack->op_impls, k_pool.select(0, l), v_pool.select(0, l), in);
     h = std::move(out);
     res = std::move(r);
   }

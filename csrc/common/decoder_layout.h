@@ -2,8 +2,10 @@
 // its weights and of its variant indices. Mirrors _FusedCall in anycore/models/llama.py.
 #pragma once
 #include <ATen/ATen.h>
+#include <torch/custom_class.h>
 
 #include <optional>
+#include <vector>
 
 namespace anycore::ops {
 
@@ -18,5 +20,16 @@ enum OpIndex : int { kOpRmsNorm, kOpAddRmsNorm, kOpRotary, kOpSiluMul, kOpAttent
 using Weights = c10::List<std::optional<at::Tensor>>;
 
 constexpr int64_t kNativeLinearMaxRows = 4;  // = NATIVE_LINEAR_MAX_ROWS in kernels/dispatch.py
+
+// Every layer's weights and variant indices for decoder_stack, converted from Python once per
+// stack (torch.classes.anycore.StackWeights): passed per step as a Tensor?[] list, the 480
+// entries of SmolLM2 cost ~70 us a step to convert, ~1% of a decode step.
+struct StackWeights : torch::CustomClassHolder {
+  Weights weights;                    // weights[kNumWeights * layer + WeightIndex]
+  std::vector<int64_t> linear_impls;  // [kNumLinears * layer + LinearIndex]
+  std::vector<int64_t> op_impls;      // [OpIndex]
+
+  StackWeights(Weights w, std::vector<int64_t> linear, std::vector<int64_t> ops);
+};
 
 }  // namespace anycore::ops

@@ -333,7 +333,8 @@ TORCH_LIBRARY(anycore, m) {
         "Tensor seq_lens, Tensor slot_table, int num_heads, int num_kv_heads, int head_dim, float eps, "
         "float scale) -> (Tensor, Tensor)",
         &decoder_layer);
-  m.def("decoder_stack(Tensor hidden, Tensor?[] weights, int[] linear_impls, int[] op_impls, Tensor k_pool, "
+  m.class_<StackWeights>("StackWeights").def(torch::init<Weights, std::vector<int64_t>, std::vector<int64_t>>());
+  m.def("decoder_stack(Tensor hidden, __torch__.torch.classes.anycore.StackWeights weights, Tensor k_pool, "
         "Tensor v_pool, Tensor slot_mapping, Tensor cos, Tensor sin, Tensor q_start_loc, Tensor seq_lens, "
         "Tensor slot_table, int num_heads, int num_kv_heads, int head_dim, float eps, float scale) -> (Tensor, Tensor)",
         &decoder_stack);

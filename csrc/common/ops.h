@@ -7,6 +7,7 @@
 #include <optional>
 #include <tuple>
 
+#include "decoder_layout.h"
 #include "kernel_table.h"
 
 namespace anycore::ops {
@@ -44,18 +45,18 @@ std::tuple<at::Tensor, at::Tensor> decoder_layer(
 
 // decoder_layer.cpp: every layer in one call (pools [num_layers, slots, kv_heads, head_dim]).
 std::tuple<at::Tensor, at::Tensor> decoder_stack(
-    const at::Tensor& hidden, const c10::List<std::optional<at::Tensor>>& weights, c10::IntArrayRef linear_impls,
-    c10::IntArrayRef op_impls, const at::Tensor& k_pool, const at::Tensor& v_pool, const at::Tensor& slot_mapping,
-    const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& q_start_loc, const at::Tensor& seq_lens,
-    const at::Tensor& slot_table, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, double eps, double scale);
+    const at::Tensor& hidden, const c10::intrusive_ptr<StackWeights>& stack, const at::Tensor& k_pool,
+    const at::Tensor& v_pool, const at::Tensor& slot_mapping, const at::Tensor& cos, const at::Tensor& sin,
+    const at::Tensor& q_start_loc, const at::Tensor& seq_lens, const at::Tensor& slot_table, int64_t num_heads,
+    int64_t num_kv_heads, int64_t head_dim, double eps, double scale);
 
 // decode_team.cpp: decoder_stack's batch-1 bf16 decode in one OpenMP team; nullopt when the
 // step or a layer does not qualify (see there).
 std::optional<std::tuple<at::Tensor, at::Tensor>> decode_team(
-    const at::Tensor& hidden, const c10::List<std::optional<at::Tensor>>& weights, c10::IntArrayRef linear_impls,
-    c10::IntArrayRef op_impls, const at::Tensor& k_pool, const at::Tensor& v_pool, const at::Tensor& slot_mapping,
-    const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& q_start_loc, const at::Tensor& seq_lens,
-    const at::Tensor& slot_table, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, double eps, double scale);
+    const at::Tensor& hidden, const StackWeights& stack, const at::Tensor& k_pool, const at::Tensor& v_pool,
+    const at::Tensor& slot_mapping, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& q_start_loc,
+    const at::Tensor& seq_lens, const at::Tensor& slot_table, int64_t num_heads, int64_t num_kv_heads,
+    int64_t head_dim, double eps, double scale);
 int64_t decode_team_steps();  // decode steps the team has run in this process (tests, diagnostics)
 
 }  // namespace anycore::ops
