@@ -7,7 +7,7 @@ file changing. Merged projections (QKV, gate+up) are one Linear with several out
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -73,6 +73,24 @@ class Linear(nn.Module):
         self.kernels = ops  # the table quantized methods pick their kernel from (None: torch-native)
         self.method: LinearMethod = method or UnquantizedLinearMethod()
         self.method.create_weights(self, dtype)
+
+    # Bumped whenever some Linear gets a new method or a forward hook: arguments cached for the
+    # fused native calls from an older generation must be re-checked (the per-step check is then
+    # one integer comparison, not a walk over every projection's attributes).
+    generation: ClassVar[int] = 0
+
+    def __setattr__(self, name: str, value) -> None:
+        if name == "method":
+            Linear.generation += 1
+        super().__setattr__(name, value)
+
+    def register_forward_pre_hook(self, *args, **kwargs):
+        Linear.generation += 1
+        return super().register_forward_pre_hook(*args, **kwargs)
+
+    def register_forward_hook(self, *args, **kwargs):
+        Linear.generation += 1
+        return super().register_forward_hook(*args, **kwargs)
 
     def load(self, kind: str, tensor: torch.Tensor, shard: int = 0) -> None:
         """Copies a checkpoint tensor (``weight``, ``bias``, ``weight_scale``...) into output

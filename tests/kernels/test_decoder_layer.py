@@ -92,3 +92,21 @@ def test_hooked_linear_runs_unfused(tmp_path, tokenizer):
         handle.remove()
     assert seen and seen[0][0] == 4
     assert llm.engine.model._fused_stack(torch.float32) is not None  # hook gone: one call again
+
+
+def test_a_replaced_method_rebuilds_the_stack(tmp_path, tokenizer):
+    """A projection given a new LinearMethod (what quantization does) must not keep running the
+    weights the old stack captured: the stack is rebuilt at the next forward."""
+    write_checkpoint(tmp_path, "mistral", tokenizer)
+    llm = LLM(model=str(tmp_path), dtype="float32", kv_cache_gb=0.01)
+    if llm.engine.ops.decoder_stack is None:
+        pytest.skip("no fused decoder stack here")
+    model = llm.engine.model
+    llm.engine.score([1, 2, 3])
+    old = model._stack
+    assert old is not None and model._fused_stack(torch.float32) is old  # unchanged: reused
+    proj = model.layers[1].mlp.down_proj
+    proj.method = type(proj.method)()
+    assert not old.valid()
+    new = model._fused_stack(torch.float32)
+    assert new is not None and new is not old
