@@ -68,7 +68,7 @@ def run_doctor(features: CpuFeatures | None = None, overrides: str | None = None
     unfused = [op for op in FUSED_OPS if op not in native]
     lines.append(f"  {'decoder_layer':<{width}}  {'fused' if not unfused else 'unfused':<12}  "
                  + ("all layers in one native call (csrc/common/decoder_layer.cpp decoder_stack; "
-                    "batch-1 bf16 decode in one thread team, decode_team.cpp; "
+                    "batch-1 decode in one thread team, decode_team.cpp; "
                     "per layer while a projection has hooks)" if not unfused
                     else f"op by op from Python: {', '.join(unfused)} not native"))
     warnings += sel.warnings

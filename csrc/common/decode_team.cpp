@@ -1,23 +1,24 @@
-// Batch-1 bf16 decode through every layer in one OpenMP team.
+// Batch-1 decode (bf16 activations; bf16 or W8A8 weights) through every layer in one OpenMP team.
 //
 // Why: at one token a SmolLM2 layer is four GEMVs (7 MB of bf16 weights, ~300 us) and a handful
 // of small ops. Run op by op (decoder_layer.cpp), every GEMV and the attention open and join
 // their own parallel region and allocate their outputs, and the small ops run on one thread
-// while the others wait. Here the threads enter once per step. Each owns a fixed slice of every
-// GEMV's rows (whole 4-row blocks of the GEMV kernel) and of the KV heads, and the team meets
-// only where data crosses threads, five barriers a layer:
+// while the others wait. Here the threads enter once per step. They take chunks of every GEMV's
+// rows on demand (whole 4-row blocks of the GEMV kernel, or 16-column panels of a packed int8
+// weight) and a fixed share of the KV heads, and meet only where data crosses threads, five
+// barriers a layer:
 //   1. input norm: every thread computes it, into its own buffer (cheaper than a barrier); QKV rows
 //   2. RoPE, K/V into the pool and attention, for the thread's own KV heads
 //   3. O rows
-//   4. residual add + norm (every thread again); the gate and up rows of the thread's slice of
-//      the intermediate size, then SiLU-and-mul of that slice (no barrier between: same thread)
+//   4. residual add + norm (every thread again); the gate and up rows of a chunk of the
+//      intermediate size, then SiLU-and-mul of that chunk (no barrier between: same thread)
 //   5. down rows
-// While waiting at a barrier a thread has nothing to do, so before each one it prefetches the
-// first lines of its slice of the next GEMV (the GEMV's own software prefetch then takes over).
+// A W8A8 projection's activation row is quantized by every thread into its own workspace.
 //
 // Invariant: the same kernels on the same values as decoder_stack's op-by-op path (each row,
-// head and element is computed by the same code with the same inputs), so the results are
-// bit-identical; tests/kernels/test_decoder_layer.py compares them.
+// head and element is computed by the same code with the same inputs; int8 accumulation is
+// exact whatever the panel split), so the results are bit-identical;
+// tests/kernels/test_decode_team.py compares them.
 #include <omp.h>
 
 #include <ATen/Parallel.h>
@@ -46,21 +47,23 @@ Slice share(int64_t n, int64_t unit, int64_t t, int64_t nt) {
   return {std::min(n, t * per * unit), std::min(n, (t + 1) * per * unit)};
 }
 
-constexpr int64_t kGemvBlock = 4;  // rows per block of linear_kernel (kernels_impl.h)
-constexpr int64_t kMinChunk = 16;  // rows of the smallest chunk a thread takes (see Chunks)
+constexpr int64_t kGemvBlock = 4;    // rows per block of linear_kernel (kernels_impl.h)
+constexpr int64_t kInt8Panel = 16;   // output columns per panel of a packed int8 weight (int8_impl.h)
+constexpr int64_t kMinChunk = 16;    // rows of the smallest chunk a thread takes (see Chunks)
 
 // Rows handed out on demand, in shrinking chunks ("guided"): each chunk is 1/(2 nt) of what is
-// left, at least kMinChunk rows and whole GEMV blocks. Static halves left one thread waiting
-// ~10 us at most barriers (two cores never stream at the same speed on a shared host); with
-// chunks the threads finish within a small chunk of each other.
+// left, at least kMinChunk rows, in whole units (GEMV blocks or int8 panels). Static halves left
+// one thread waiting ~10 us at most barriers (two cores never stream at the same speed on a
+// shared host); with chunks the threads finish within a small chunk of each other.
 struct Chunks {
   std::vector<int64_t> bounds;  // chunk c is rows [bounds[c], bounds[c + 1])
 
-  Chunks(int64_t n, int64_t nt) {
+  Chunks(int64_t n, int64_t nt, int64_t unit) {
+    const int64_t min_rows = (std::max(kMinChunk, unit) + unit - 1) / unit * unit;
     bounds.push_back(0);
     for (int64_t b = 0; b < n;) {
-      int64_t size = (n - b) / (2 * nt) / kGemvBlock * kGemvBlock;
-      b = std::min(n, b + std::max(size, kMinChunk));
+      const int64_t size = (n - b) / (2 * nt) / unit * unit;
+      b = std::min(n, b + std::max(size, min_rows));
       bounds.push_back(b);
     }
   }
@@ -80,30 +83,61 @@ inline void take_chunks(Ticket& ticket, const Chunks& chunks, const F& f) {
     f(Slice{chunks.bounds[c], chunks.bounds[c + 1]});
 }
 
-// A bf16 projection's pointers, checked before the team starts (nothing may throw inside it).
-struct Gemv {
-  LinearFn fn;
-  const bf16* w;
-  const bf16* bias;  // or null
-  int64_t n, k;
+// One projection of one activation row, as the op-by-op path runs it: the native bf16 GEMV, or
+// W8A8 (the row quantized once per thread into its workspace, then any split of the packed
+// weight's panels). Pointers are checked before the team starts: nothing may throw inside it.
+struct Proj {
+  int64_t n = 0, k = 0;
+  LinearFn dense = nullptr;  // bf16
+  const bf16* w = nullptr;
+  const bf16* bias = nullptr;
+  const Int8Kernels* i8 = nullptr;  // W8A8
+  const void* packed = nullptr;
+  const float* w_scale = nullptr;
+  const float* bias_f = nullptr;
 
-  // rows [r.begin, r.end) of out = x W^T (+ bias)
-  void run(bf16* out, const bf16* x, Slice r) const {
-    if (r.size() > 0) fn(out + r.begin, x, k, w + r.begin * k, bias ? bias + r.begin : nullptr, 1, r.size(), k);
+  int64_t unit() const { return i8 ? kInt8Panel : kGemvBlock; }  // rows a chunk is made of
+
+  W8A8Args args(const bf16* x, bf16* out, void* ws) const {
+    W8A8Args a{};
+    a.x = x, a.x_stride = k, a.x_type = kInt8Bf16;
+    a.w = packed, a.w_scale = w_scale, a.bias = bias_f;
+    a.out = out, a.out_type = kInt8Bf16;
+    a.m = 1, a.n = n, a.k = k;
+    a.workspace = ws;
+    return a;
+  }
+  // W8A8: x quantized into this thread's workspace (before the thread's first chunk of x)
+  void prepare(const bf16* x, void* ws) const {
+    if (i8) i8->quantize_row(args(x, nullptr, ws));
+  }
+  // rows [r.begin, r.end) of out = x W^T (+ bias), each at its own index
+  void run(const bf16* x, bf16* out, void* ws, Slice r) const {
+    if (r.size() <= 0) return;
+    if (i8) {
+      i8->gemm_panels(args(x, out, ws), r.begin / kInt8Panel, (r.end + kInt8Panel - 1) / kInt8Panel);
+    } else {
+      run_dense(x, out + r.begin, r);
+    }
+  }
+  // dense only: rows [r.begin, r.end) to dst[0, r.size())
+  void run_dense(const bf16* x, bf16* dst, Slice r) const {
+    if (r.size() > 0) dense(dst, x, k, w + r.begin * k, bias ? bias + r.begin : nullptr, 1, r.size(), k);
   }
 };
 
 struct LayerPtrs {
   const bf16 *input_norm, *post_norm, *q_norm, *k_norm;  // q/k norm null when absent
-  Gemv qkv, o, gate, up, down;                            // gate/up: the two halves of gate_up
+  Proj qkv, o, gate_up, down;
 };
 
 const bf16* bf16_ptr(const at::Tensor& t) { return reinterpret_cast<const bf16*>(t.data_ptr()); }
 
-// The layer's pointers, or false when it cannot run in the team (W8A8, not bf16, not the
-// native GEMV): decoder_stack then takes the op-by-op path.
+// The layer's pointers, or false when it cannot run in the team (not bf16, a dense projection
+// off the native GEMV): decoder_stack then takes the op-by-op path. fp32 copies of W8A8 scales
+// and biases that are stored otherwise go to `keep` (alive for the step).
 bool layer_ptrs(const Weights& w, int64_t w0, const int64_t* lin, int64_t hidden, int64_t q_size,
-                int64_t kv_size, int64_t head_dim, LayerPtrs& out) {
+                int64_t kv_size, int64_t head_dim, std::vector<at::Tensor>& keep, LayerPtrs& out) {
   auto get = [&](int64_t i) -> std::optional<at::Tensor> {
     std::optional<at::Tensor> t = w.get(w0 + i);
     return t.has_value() && t->defined() ? t : std::nullopt;
@@ -114,29 +148,43 @@ bool layer_ptrs(const Weights& w, int64_t w0, const int64_t* lin, int64_t hidden
     p = bf16_ptr(*t);
     return t->scalar_type() == at::kBFloat16 && t->is_contiguous() && t->numel() == n;
   };
-  auto gemv = [&](int64_t first, int64_t impl, int64_t n, int64_t k, Gemv& g) {
-    auto wt = get(first), bias = get(first + 2);
-    if (!wt || get(first + 1) || impl < 0 || wt->scalar_type() != at::kBFloat16 || !wt->is_contiguous() ||
-        wt->dim() != 2 || wt->size(0) != n || wt->size(1) != k)
-      return false;
-    if (bias && (bias->scalar_type() != at::kBFloat16 || !bias->is_contiguous() || bias->numel() != n)) return false;
-    g = {table(impl).linear[1], bf16_ptr(*wt), bias ? bf16_ptr(*bias) : nullptr, n, k};
-    return g.fn != nullptr;
+  auto fp32 = [&](const at::Tensor& t) {
+    keep.push_back(t.to(at::kFloat).contiguous());
+    return keep.back().data_ptr<float>();
   };
-  auto gu = get(kGateUp);
-  auto dn = get(kDown);
-  if (!gu || !dn || gu->dim() != 2 || gu->size(0) % 2 != 0 || dn->dim() != 2) return false;
-  const int64_t inter = gu->size(0) / 2;
+  // n = 0: the width comes from the weight (gate_up); returns the projection's n, or 0 if unfit
+  auto proj = [&](int64_t first, int64_t impl, int64_t n, int64_t k, Proj& g) -> int64_t {
+    auto wt = get(first), scale = get(first + 1), bias = get(first + 2);
+    if (!wt || impl < 0) return 0;
+    g = Proj{};
+    g.k = k;
+    if (scale) {  // W8A8: packed int8 weight in variant impl's layout, fp32 scales per channel
+      g.n = n > 0 ? n : scale->numel();
+      g.i8 = &int8_table(impl);
+      if (wt->scalar_type() != at::kChar || !wt->is_contiguous() || wt->numel() != g.i8->packed_bytes(g.n, k) ||
+          scale->numel() != g.n || g.i8->quantize_row == nullptr || g.i8->gemm_panels == nullptr ||
+          (bias && bias->numel() != g.n))
+        return 0;
+      g.packed = wt->data_ptr(), g.w_scale = fp32(*scale), g.bias_f = bias ? fp32(*bias) : nullptr;
+      return g.n;
+    }
+    g.n = n > 0 ? n : (wt->dim() == 2 ? wt->size(0) : 0);
+    if (wt->scalar_type() != at::kBFloat16 || !wt->is_contiguous() || wt->dim() != 2 || wt->size(0) != g.n ||
+        wt->size(1) != k)
+      return 0;
+    if (bias && (bias->scalar_type() != at::kBFloat16 || !bias->is_contiguous() || bias->numel() != g.n)) return 0;
+    g.dense = table(impl).linear[1], g.w = bf16_ptr(*wt), g.bias = bias ? bf16_ptr(*bias) : nullptr;
+    return g.dense ? g.n : 0;
+  };
   out.q_norm = out.k_norm = nullptr;
   if (get(kQNorm) && !(vec(kQNorm, head_dim, out.q_norm) && vec(kKNorm, head_dim, out.k_norm))) return false;
-  Gemv both;
   if (!(vec(kInputNorm, hidden, out.input_norm) && vec(kPostNorm, hidden, out.post_norm) &&
-        gemv(kQkv, lin[kLinQkv], q_size + 2 * kv_size, hidden, out.qkv) && gemv(kO, lin[kLinO], hidden, q_size, out.o) &&
-        gemv(kGateUp, lin[kLinGateUp], 2 * inter, hidden, both) && gemv(kDown, lin[kLinDown], hidden, inter, out.down)))
+        proj(kQkv, lin[kLinQkv], q_size + 2 * kv_size, hidden, out.qkv) && proj(kO, lin[kLinO], hidden, q_size, out.o)))
     return false;
-  out.gate = {both.fn, both.w, both.bias, inter, hidden};
-  out.up = {both.fn, both.w + inter * hidden, both.bias ? both.bias + inter : nullptr, inter, hidden};
-  return true;
+  const int64_t two_inter = proj(kGateUp, lin[kLinGateUp], 0, hidden, out.gate_up);
+  // gate and up rows of one slice must start whole units (panels): the SiLU pairs them per thread
+  if (two_inter == 0 || two_inter % (2 * out.gate_up.unit()) != 0) return false;
+  return proj(kDown, lin[kLinDown], hidden, two_inter / 2, out.down) != 0;
 }
 
 std::atomic<int64_t> g_team_steps{0};
@@ -168,13 +216,18 @@ std::optional<std::tuple<at::Tensor, at::Tensor>> decode_team(
     return std::nullopt;
   const int64_t hid = hidden.size(1), q_size = H * D, kv_size = KV * D, group = H / KV;
   std::vector<LayerPtrs> lp(layers);
-  int64_t inter = 0;
+  std::vector<at::Tensor> keep;  // fp32 copies of scales/biases the layers point at
   for (int64_t l = 0; l < layers; ++l) {
-    if (!layer_ptrs(weights, l * kNumWeights, stack.linear_impls.data() + l * kNumLinears, hid, q_size, kv_size, D, lp[l]))
+    if (!layer_ptrs(weights, l * kNumWeights, stack.linear_impls.data() + l * kNumLinears, hid, q_size, kv_size, D,
+                    keep, lp[l]))
       return std::nullopt;
-    if (l > 0 && lp[l].gate.n != inter) return std::nullopt;
-    inter = lp[l].gate.n;
+    // one chunking per projection for all layers: the same widths and kinds everywhere
+    const LayerPtrs &a = lp[l], &b = lp[0];
+    if (a.gate_up.n != b.gate_up.n || a.qkv.unit() != b.qkv.unit() || a.o.unit() != b.o.unit() ||
+        a.gate_up.unit() != b.gate_up.unit() || a.down.unit() != b.down.unit() || (a.q_norm == nullptr) != (b.q_norm == nullptr))
+      return std::nullopt;
   }
+  const int64_t inter = lp[0].gate_up.n / 2;
 
   // step inputs, converted and checked once (as paged_attention and decoder_stack do)
   at::Tensor slot_t = slot_mapping.to(at::kLong).contiguous();
@@ -239,15 +292,24 @@ std::optional<std::tuple<at::Tensor, at::Tensor>> decode_team(
   a0.partial = splits > 1 ? partial.data_ptr<float>() : nullptr;
 
   const int64_t team = std::max<int64_t>(1, threads);
-  const Chunks qkv_chunks(q_size + 2 * kv_size, team), o_chunks(hid, team), inter_chunks(inter, team),
-      down_chunks(hid, team);
+  const LayerPtrs& l0 = lp[0];
+  const Chunks qkv_chunks(l0.qkv.n, team, l0.qkv.unit()), o_chunks(hid, team, l0.o.unit()),
+      inter_chunks(inter, team, l0.gate_up.unit()), down_chunks(hid, team, l0.down.unit());
   std::vector<Ticket> tickets(layers * kNumLinears);
+  // W8A8 activation workspaces, one per thread (64-byte aligned like at::empty's)
+  int64_t ws_bytes = 64;
+  for (const Proj* g : {&l0.qkv, &l0.o, &l0.gate_up, &l0.down})
+    if (g->i8) ws_bytes = std::max(ws_bytes, (g->i8->workspace_bytes(1, g->k) + 63) / 64 * 64);
+  at::Tensor workspaces = at::empty({team * ws_bytes}, bf.dtype(at::kByte));
+  at::Tensor gate_up = at::empty({2 * inter}, bf);  // W8A8 gate|up outputs (a packed panel spans 16 of them)
+  bf16* gu_p = reinterpret_cast<bf16*>(gate_up.data_ptr());
 #pragma omp parallel num_threads(static_cast<int>(team))
   {
     const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
     // private: norm output, residual (ping-pong: add_rms_norm reads one, writes the other),
     // the gate|up rows of this thread's slice, attention scratch
     std::vector<bf16> normed(hid), res_a(hid), res_b(hid), gu(2 * inter_chunks.bounds[1]);
+    void* ws = static_cast<char*>(workspaces.data_ptr()) + t * ws_bytes;
     std::vector<float> scratch(attn_scratch_floats(D));
     std::vector<bf16> qn(lp[0].q_norm ? q_size : 0), kn(lp[0].q_norm ? kv_size : 0);
     const Slice mine_kv = share(KV, 1, t, nt);
@@ -265,7 +327,8 @@ std::optional<std::tuple<at::Tensor, at::Tensor>> decode_team(
         res_next = res_next == res_a.data() ? res_b.data() : res_a.data();
       }
       Ticket* tk = &tickets[l * kNumLinears];
-      take_chunks(tk[kLinQkv], qkv_chunks, [&](Slice r) { p.qkv.run(qkv_p, normed.data(), r); });
+      p.qkv.prepare(normed.data(), ws);
+      take_chunks(tk[kLinQkv], qkv_chunks, [&](Slice r) { p.qkv.run(normed.data(), qkv_p, ws, r); });
       #pragma omp barrier
       // 2. this thread's KV heads: (q/k norm), RoPE, K and V into the pool, attention
       bf16* kc = kc0 + l * k_layer;
@@ -296,25 +359,33 @@ std::optional<std::tuple<at::Tensor, at::Tensor>> decode_team(
       }
 #pragma omp barrier
       // 3. O rows
-      take_chunks(tk[kLinO], o_chunks, [&](Slice r) { p.o.run(o_p, attn_p, r); });
+      p.o.prepare(attn_p, ws);
+      take_chunks(tk[kLinO], o_chunks, [&](Slice r) { p.o.run(attn_p, o_p, ws, r); });
 #pragma omp barrier
       // 4. residual add + post norm, gate and up rows of this slice, SiLU-and-mul of the slice
       add_rms_norm(normed.data(), res_next, o_p, hid, res, hid, p.post_norm, 1, hid, eps);
       res = res_next;
       res_next = res_next == res_a.data() ? res_b.data() : res_a.data();
+      p.gate_up.prepare(normed.data(), ws);
       take_chunks(tk[kLinGateUp], inter_chunks, [&](Slice r) {
         // gate rows r and up rows inter + r, side by side in gu, then SiLU(gate) * up of r
-        const Slice local{0, r.size()};
-        Gemv gate = p.gate, up = p.up;
-        gate.w += r.begin * hid, up.w += r.begin * hid;
-        if (gate.bias) gate.bias += r.begin, up.bias += r.begin;
-        gate.run(gu.data(), normed.data(), local);
-        up.run(gu.data() + r.size(), normed.data(), local);
-        silu_mul(act_p + r.begin, gu.data(), 2 * r.size(), 1, r.size());
+        const int64_t len = r.size();
+        const Slice up{inter + r.begin, inter + r.end};
+        if (p.gate_up.i8) {  // panels write at their own columns: through the shared gate|up row
+          p.gate_up.run(normed.data(), gu_p, ws, r);
+          p.gate_up.run(normed.data(), gu_p, ws, up);
+          std::memcpy(gu.data(), gu_p + r.begin, len * es);
+          std::memcpy(gu.data() + len, gu_p + up.begin, len * es);
+        } else {  // straight into gu
+          p.gate_up.run_dense(normed.data(), gu.data(), r);
+          p.gate_up.run_dense(normed.data(), gu.data() + len, up);
+        }
+        silu_mul(act_p + r.begin, gu.data(), 2 * len, 1, len);
       });
 #pragma omp barrier
       // 5. down rows
-      take_chunks(tk[kLinDown], down_chunks, [&](Slice r) { p.down.run(h_p, act_p, r); });
+      p.down.prepare(act_p, ws);
+      take_chunks(tk[kLinDown], down_chunks, [&](Slice r) { p.down.run(act_p, h_p, ws, r); });
 #pragma omp barrier
     }
     if (t == 0) std::memcpy(res_out.data_ptr(), res, hid * es);

@@ -245,7 +245,7 @@ inline I8Work i8_work(int64_t m, int64_t n, int64_t kp, int64_t mr, int64_t nb) 
 // panels (64-column blocks left 5:4 shares of N = 576 between 2 threads) and a thread's panels
 // are one contiguous run of memory, M::kNP panels per tile (the micro-kernels prefetch ahead).
 template <class M>
-void i8_gemm_rows(const W8A8Args& a) {
+void i8_gemm_panels(const W8A8Args& a, int64_t p0, int64_t p1) {
   using L = I8Layout<M>;
   const int64_t n = a.n, kp = L::kp(a.k);
   const int8_t* act = static_cast<const int8_t*>(a.workspace);
@@ -254,18 +254,24 @@ void i8_gemm_rows(const W8A8Args& a) {
   const int32_t* colsum = reinterpret_cast<const int32_t*>(w + L::weight_bytes(n, a.k));
   constexpr int64_t NB = M::kNP * kI8Panel;
   const int rows = static_cast<int>(a.m);
-  const int64_t grain = 1 + (int64_t{1} << 15) / (kI8Panel * kp);  // >= 32 KiB of weights a thread
-  parallel_for(L::np(n) / kI8Panel, grain, [&](int64_t p0, int64_t p1) {
-    alignas(64) int32_t c[M::kMR * NB];
-    for (int64_t p = p0; p < p1; p += M::kNP) {
-      const int panels = static_cast<int>(i8_min(M::kNP, p1 - p));
-      const int64_t n0 = p * kI8Panel;
-      i8_tile<M>(rows, panels, act, kp, w + n0 * kp, kI8Panel * kp, c);
-      i8_epilogue<M>(a, c, NB, 0, rows, n0, i8_min(panels * kI8Panel, n - n0), colsum, xs);
-    }
-  });
+  alignas(64) int32_t c[M::kMR * NB];
+  for (int64_t p = p0; p < p1; p += M::kNP) {
+    const int panels = static_cast<int>(i8_min(M::kNP, p1 - p));
+    const int64_t n0 = p * kI8Panel;
+    i8_tile<M>(rows, panels, act, kp, w + n0 * kp, kI8Panel * kp, c);
+    i8_epilogue<M>(a, c, NB, 0, rows, n0, i8_min(panels * kI8Panel, n - n0), colsum, xs);
+  }
 }
-
+template <class M>
+void i8_gemm_rows(const W8A8Args& a) {
+  const int64_t grain = 1 + (int64_t{1} << 15) / (kI8Panel * I8Layout<M>::kp(a.k));  // >= 32 KiB of weights a thread
+  parallel_for(I8Layout<M>::np(a.n) / kI8Panel, grain, [&](int64_t p0, int64_t p1) { i8_gemm_panels<M>(a, p0, p1); });
+}
+// (pads an SMMLA row pair; not AMX's 32-row tiles, which the m = 1 path never reads)
+template <class M>
+void i8_quantize_row(const W8A8Args& a) {
+  i8_quantize_rows<M>(a, /*pad=*/M::kRowAlign <= 2);
+}
 // The int32 tiles with micro-kernel M and the epilogue, on activations already in the workspace.
 template <class M>
 void i8_gemm(const W8A8Args& a) {
@@ -306,4 +312,5 @@ void w8a8_linear_impl(const W8A8Args& a) {
 // The Int8Kernels initializer of a variant whose micro-kernel is M.
 #define ANYCORE_INT8_KERNELS(M)                                                     \
   {&::anycore::int8_packed_bytes<M>, &::anycore::int8_pack<M>, &::anycore::int8_unpack<M>, \
-   &::anycore::int8_workspace_bytes<M>, &::anycore::w8a8_linear_impl<M>}
+   &::anycore::int8_workspace_bytes<M>, &::anycore::w8a8_linear_impl<M>, &::anycore::i8_quantize_row<M>, \
+   &::anycore::i8_gemm_panels<M>}

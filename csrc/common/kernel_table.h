@@ -78,6 +78,11 @@ struct Int8Kernels {
   void (*unpack)(int8_t* w, const void* src, int64_t n, int64_t k);
   int64_t (*workspace_bytes)(int64_t m, int64_t k);
   void (*w8a8_linear)(const W8A8Args& args);
+  // w8a8_linear in two steps for callers inside their own parallel region, one activation row
+  // (m = 1: the batch-1 decode team): quantize it into the workspace, then compute any split
+  // of the output columns in 16-column panels [p0, p1) (outputs at their own column).
+  void (*quantize_row)(const W8A8Args& args);
+  void (*gemm_panels)(const W8A8Args& args, int64_t p0, int64_t p1);
 };
 
 struct KernelTable {

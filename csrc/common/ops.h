@@ -34,6 +34,8 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k, const at::T
 at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& bias, int64_t impl);
 at::Tensor w8a8_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& w_scale,
                        const std::optional<at::Tensor>& bias, int64_t impl);
+// The int8 kernels of variant `impl` (generic's when it has none): what packed its weights.
+const Int8Kernels& int8_table(int64_t impl);
 
 // decoder_layer.cpp: a whole Llama-family layer in one call (see there).
 std::tuple<at::Tensor, at::Tensor> decoder_layer(
@@ -50,7 +52,7 @@ std::tuple<at::Tensor, at::Tensor> decoder_stack(
     const at::Tensor& q_start_loc, const at::Tensor& seq_lens, const at::Tensor& slot_table, int64_t num_heads,
     int64_t num_kv_heads, int64_t head_dim, double eps, double scale);
 
-// decode_team.cpp: decoder_stack's batch-1 bf16 decode in one OpenMP team; nullopt when the
+// decode_team.cpp: decoder_stack's batch-1 decode (bf16 activations) in one OpenMP team; nullopt when the
 // step or a layer does not qualify (see there).
 std::optional<std::tuple<at::Tensor, at::Tensor>> decode_team(
     const at::Tensor& hidden, const StackWeights& stack, const at::Tensor& k_pool, const at::Tensor& v_pool,

@@ -108,7 +108,8 @@ const KernelTable kTable_amx = {
     "amx", {nullptr, nullptr}, {nullptr, nullptr}, {nullptr, nullptr}, {nullptr, nullptr},
     {nullptr, nullptr}, {nullptr, nullptr}, {nullptr, nullptr}, {nullptr, nullptr},
     {&int8_packed_bytes<AmxLayoutMicro>, &int8_pack<AmxLayoutMicro>, &int8_unpack<AmxLayoutMicro>,
-     &int8_workspace_bytes<AmxLayoutMicro>, &w8a8_linear_amx},
+     &int8_workspace_bytes<AmxLayoutMicro>, &w8a8_linear_amx, &i8_quantize_row<AmxLayoutMicro>,
+     &i8_gemm_panels<AmxLayoutMicro>},
 };
 
 }  // namespace anycore
