@@ -101,6 +101,9 @@ class EngineConfig:
     policy: str = "fcfs"  # or "lpm" (longest prefix match first)
     enable_prefix_caching: bool = True
     threads: int | None = None
+    # decode steps use fewer than `threads` when that measures faster (other processes on the
+    # cores; anycore/engine/thread_governor.py); False pins the count
+    adaptive_threads: bool = True
     seed: int = 0
     kernels: str | None = None  # override string for the kernel table, e.g. "torch-native"
     quantization: str | None = None  # e.g. "w8a8_int8" (online); pre-quantized checkpoints say so themselves

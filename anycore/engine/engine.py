@@ -17,6 +17,7 @@ from anycore.cache.manager import KVCacheManager
 from anycore.config import EngineConfig, parse_dtype
 from anycore.engine.detokenizer import IncrementalDetokenizer
 from anycore.engine.runner import KVPool, ModelRunner
+from anycore.engine.thread_governor import ThreadGovernor
 from anycore.engine.weight_arena import consolidate_weights
 from anycore.kernels.dispatch import select_ops
 from anycore.layers.embedding import LogitsHead, VocabEmbedding
@@ -76,6 +77,7 @@ class Engine:
         self.max_model_len = max_len
 
         self.ops = select_ops(overrides=config.kernels, threads=config.threads)
+        self.thread_governor = ThreadGovernor(torch.get_num_threads()) if config.adaptive_threads else None
         weights = tqdm(source.weights(self.dtype), total=len(source.weight_names), desc="loading weights",
                        unit="tensor", disable=None, leave=False)
         self.quantization, prequantized = resolve_quantization(config.quantization, source.hf_config)
@@ -172,7 +174,13 @@ class Engine:
         out = self.scheduler.schedule()
         if out.is_empty:
             return []
+        gov = self.thread_governor
+        if gov is not None and torch.get_num_threads() != gov.threads:
+            torch.set_num_threads(gov.threads)  # (another engine in this process changed it)
+        t0 = time.perf_counter()
         sampled, logprobs = self.runner.execute(out)
+        if gov is not None and all(s.num_new_tokens == 1 for s in out.scheduled):
+            gov.observe(len(out.scheduled), time.perf_counter() - t0)
         progressed = self.scheduler.update(out, sampled)
         now = time.monotonic()
         results = []
