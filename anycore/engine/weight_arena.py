@@ -25,6 +25,7 @@ import mmap
 import torch
 from torch import nn
 
+from anycore.layers.linear import storage_replaced
 from anycore.layers.quant import release_free_heap
 
 log = logging.getLogger("anycore")
@@ -94,6 +95,7 @@ def consolidate_weights(model: nn.Module) -> int:
             release_free_heap()
             unreturned = 0
     release_free_heap()
+    storage_replaced()  # native calls may hold raw pointers into the old storage
     log.debug("weights: %d tensors, %.1f MiB in one block (%s pages)", len(tensors), total / 2**20,
               "huge" if huge else "base")
     return total

@@ -74,9 +74,10 @@ class Linear(nn.Module):
         self.method: LinearMethod = method or UnquantizedLinearMethod()
         self.method.create_weights(self, dtype)
 
-    # Bumped whenever some Linear gets a new method or a forward hook: arguments cached for the
-    # fused native calls from an older generation must be re-checked (the per-step check is then
-    # one integer comparison, not a walk over every projection's attributes).
+    # Bumped whenever some Linear gets a new method or a forward hook, or weight storage is
+    # replaced (storage_replaced): arguments cached for the fused native calls from an older
+    # generation, raw pointers included, must be rebuilt (the per-step check is then one integer
+    # comparison, not a walk over every projection's attributes).
     generation: ClassVar[int] = 0
 
     def __setattr__(self, name: str, value) -> None:
@@ -123,3 +124,9 @@ class Linear(nn.Module):
             return None
         fused_args = getattr(self.method, "fused_args", None)
         return fused_args(self) if fused_args is not None else None
+
+
+def storage_replaced() -> None:
+    """Call after moving any model weight to new storage (``t.data = ...``): fused calls built
+    before must not keep using pointers into the old one."""
+    Linear.generation += 1

@@ -187,6 +187,45 @@ bool layer_ptrs(const Weights& w, int64_t w0, const int64_t* lin, int64_t hidden
   return proj(kDown, lin[kLinDown], hidden, two_inter / 2, out.down) != 0;
 }
 
+}  // namespace
+
+// Every layer's pointers, derived once per StackWeights and geometry (checking and resolving the
+// 480 tensors of SmolLM2 cost ~75 us a step with the caches cold from the weight stream).
+// Valid as long as the StackWeights: whatever replaces a weight's storage (a new method, the
+// weight arena) bumps Linear.generation in Python, which makes a new StackWeights.
+struct TeamPlan {
+  int64_t num_layers, hidden, q_size, kv_size, head_dim;  // the geometry it was derived for
+  bool fit = false;                                       // false: run op by op
+  std::vector<LayerPtrs> layers;
+  std::vector<at::Tensor> keep;  // fp32 copies of scales/biases the layers point at
+};
+
+namespace {
+
+const TeamPlan& team_plan(const StackWeights& stack, int64_t layers, int64_t hid, int64_t q_size, int64_t kv_size,
+                          int64_t D) {
+  std::shared_ptr<TeamPlan>& cached = stack.team_plan;
+  if (cached && cached->num_layers == layers && cached->hidden == hid && cached->q_size == q_size &&
+      cached->kv_size == kv_size && cached->head_dim == D)
+    return *cached;
+  auto plan = std::make_shared<TeamPlan>();
+  plan->num_layers = layers, plan->hidden = hid, plan->q_size = q_size, plan->kv_size = kv_size, plan->head_dim = D;
+  std::vector<LayerPtrs>& lp = plan->layers;
+  lp.resize(layers);
+  plan->fit = true;
+  for (int64_t l = 0; l < layers && plan->fit; ++l) {
+    plan->fit = layer_ptrs(stack.weights, l * kNumWeights, stack.linear_impls.data() + l * kNumLinears, hid, q_size,
+                           kv_size, D, plan->keep, lp[l]);
+    // one chunking per projection for all layers: the same widths and kinds everywhere
+    const LayerPtrs &a = lp[l], &b = lp[0];
+    plan->fit = plan->fit && a.gate_up.n == b.gate_up.n && a.qkv.unit() == b.qkv.unit() &&
+                a.o.unit() == b.o.unit() && a.gate_up.unit() == b.gate_up.unit() && a.down.unit() == b.down.unit() &&
+                (a.q_norm == nullptr) == (b.q_norm == nullptr);
+  }
+  cached = plan;
+  return *cached;
+}
+
 std::atomic<int64_t> g_team_steps{0};
 
 // ANYCORE_DECODE_TEAM=0 sends every step op by op (A/B benchmarks, tests); read per call so a
@@ -205,7 +244,6 @@ std::optional<std::tuple<at::Tensor, at::Tensor>> decode_team(
     const at::Tensor& slot_mapping, const at::Tensor& cos_in, const at::Tensor& sin_in, const at::Tensor& q_start_loc,
     const at::Tensor& seq_lens, const at::Tensor& slot_table, int64_t num_heads, int64_t num_kv_heads,
     int64_t head_dim, double eps_d, double scale) {
-  const Weights& weights = stack.weights;
   const std::vector<int64_t>& op_impls = stack.op_impls;
   const int64_t H = num_heads, KV = num_kv_heads, D = head_dim, layers = k_pool.size(0);
   if (switched_off() || hidden.dim() != 2 || hidden.size(0) != 1 || hidden.scalar_type() != at::kBFloat16 ||
@@ -215,18 +253,9 @@ std::optional<std::tuple<at::Tensor, at::Tensor>> decode_team(
       v_pool.stride(2) != D || v_pool.stride(3) != 1)
     return std::nullopt;
   const int64_t hid = hidden.size(1), q_size = H * D, kv_size = KV * D, group = H / KV;
-  std::vector<LayerPtrs> lp(layers);
-  std::vector<at::Tensor> keep;  // fp32 copies of scales/biases the layers point at
-  for (int64_t l = 0; l < layers; ++l) {
-    if (!layer_ptrs(weights, l * kNumWeights, stack.linear_impls.data() + l * kNumLinears, hid, q_size, kv_size, D,
-                    keep, lp[l]))
-      return std::nullopt;
-    // one chunking per projection for all layers: the same widths and kinds everywhere
-    const LayerPtrs &a = lp[l], &b = lp[0];
-    if (a.gate_up.n != b.gate_up.n || a.qkv.unit() != b.qkv.unit() || a.o.unit() != b.o.unit() ||
-        a.gate_up.unit() != b.gate_up.unit() || a.down.unit() != b.down.unit() || (a.q_norm == nullptr) != (b.q_norm == nullptr))
-      return std::nullopt;
-  }
+  const TeamPlan& plan = team_plan(stack, layers, hid, q_size, kv_size, D);
+  if (!plan.fit) return std::nullopt;
+  const std::vector<LayerPtrs>& lp = plan.layers;
   const int64_t inter = lp[0].gate_up.n / 2;
 
   // step inputs, converted and checked once (as paged_attention and decoder_stack do)

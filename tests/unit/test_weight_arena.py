@@ -71,11 +71,18 @@ def test_an_engine_runs_from_the_block_with_unchanged_results(tmp_path, tokenize
         monkeypatch.setattr(engine_module, "consolidate_weights", lambda model: 0)
         llm = LLM(model=str(path), dtype="bfloat16", kv_cache_gb=0.01, **kw)
         model = llm.engine.model
-        first = llm.generate(prompts, params)
+        # one prompt at a time too: batch-1 decode runs in the team, which caches raw pointers
+        first = [o.token_ids for o in llm.generate(prompts, params)] + [llm.generate([p], params)[0].token_ids
+                                                                           for p in prompts]
+        stack = model._stack
+        assert stack is not None and stack.valid()
         assert consolidate_weights(model) > 0
+        assert not stack.valid(), "moving the weights invalidates what the fused calls cached"
         tensors = [*model.parameters(), *model.buffers()]
         assert len({t.untyped_storage().data_ptr() for t in tensors}) == 1, kw
-        assert [o.token_ids for o in llm.generate(prompts, params)] == [o.token_ids for o in first], kw
+        again = [o.token_ids for o in llm.generate(prompts, params)] + [llm.generate([p], params)[0].token_ids
+                                                                           for p in prompts]
+        assert again == first, kw
         assert consolidate_weights(model) == 0
         monkeypatch.undo()
         engine = LLM(model=str(path), dtype="bfloat16", kv_cache_gb=0.01, **kw).engine
