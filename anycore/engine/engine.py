@@ -179,7 +179,7 @@ class Engine:
             torch.set_num_threads(gov.threads)  # (another engine in this process changed it)
         t0 = time.perf_counter()
         sampled, logprobs = self.runner.execute(out)
-        if gov is not None and all(s.num_new_tokens == 1 for s in out.scheduled):
+        if gov is not None and out.all_decode:
             gov.observe(len(out.scheduled), time.perf_counter() - t0)
         progressed = self.scheduler.update(out, sampled)
         now = time.monotonic()

@@ -59,7 +59,7 @@ class ModelRunner:
     def build_batch(self, out: SchedulerOutput) -> ForwardBatch:
         sched = out.scheduled
         b = len(sched)
-        if all(s.num_new_tokens == 1 for s in sched):  # a decode step: one token per request
+        if out.all_decode:
             positions = np.fromiter((s.start for s in sched), np.int64, b)
             input_ids = np.fromiter((s.request.all_token_ids[s.start] for s in sched), np.int64, b)
             seq_lens = positions + 1

@@ -37,6 +37,11 @@ class SchedulerOutput:
     def is_empty(self) -> bool:
         return not self.scheduled
 
+    @property
+    def all_decode(self) -> bool:
+        """Every scheduled request adds exactly one token (a decode step)."""
+        return all(s.num_new_tokens == 1 for s in self.scheduled)
+
 
 class Scheduler:
     def __init__(

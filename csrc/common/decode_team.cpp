@@ -247,8 +247,8 @@ std::optional<std::tuple<at::Tensor, at::Tensor>> decode_team(
   const std::vector<int64_t>& op_impls = stack.op_impls;
   const int64_t H = num_heads, KV = num_kv_heads, D = head_dim, layers = k_pool.size(0);
   if (switched_off() || hidden.dim() != 2 || hidden.size(0) != 1 || hidden.scalar_type() != at::kBFloat16 ||
-      !hidden.is_contiguous() || seq_lens.numel() != 1 || k_pool.scalar_type() != at::kBFloat16 || v_pool.scalar_type() != at::kBFloat16 ||
-      KV <= 0 || H % KV != 0 || D % 2 != 0 || D > kMaxHeadDim || H / KV > kMaxAttnRows || k_pool.size(2) != KV ||
+      !hidden.is_contiguous() || seq_lens.numel() != 1 || k_pool.scalar_type() != at::kBFloat16 ||
+      v_pool.scalar_type() != at::kBFloat16 || KV <= 0 || H % KV != 0 || D % 2 != 0 || D > kMaxHeadDim || H / KV > kMaxAttnRows || k_pool.size(2) != KV ||
       k_pool.size(3) != D || v_pool.sizes() != k_pool.sizes() || k_pool.stride(2) != D || k_pool.stride(3) != 1 ||
       v_pool.stride(2) != D || v_pool.stride(3) != 1)
     return std::nullopt;
@@ -273,8 +273,7 @@ std::optional<std::tuple<at::Tensor, at::Tensor>> decode_team(
 
   // attention work as paged_attention cuts it: one item per KV head, split-K by the same rule
   const int64_t threads = at::get_num_threads();
-  int64_t splits = 1;
-  if (KV < threads) splits = std::max<int64_t>(1, std::min((2 * threads + KV - 1) / KV, seq_len / (4 * kKeyBlock)));
+  const int64_t splits = attention_splits(KV, 1, seq_len, threads);
   std::vector<int64_t> items;
   for (int64_t h = 0; h < KV; ++h) items.insert(items.end(), {0, h, 0, 1});
 

@@ -148,17 +148,11 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k, const at::T
       for (int64_t h = 0; h < KV; ++h) items.insert(items.end(), {b, h, q0, std::min(n, q0 + per_item)});
     }
   }
-  // Split-K for decode-only batches with too few (request, kv head) items to fill the threads
-  // and long enough contexts (>= 4 key blocks per split); `splits` > 0 forces a count (tests).
+  // split-K by attention_splits; `splits` > 0 forces a count (tests)
   const int64_t num_items = static_cast<int64_t>(items.size() / 4);
   int64_t max_len = 0, max_q = 0;
   for (int64_t b = 0; b < batch; ++b) max_len = std::max(max_len, ln[b]), max_q = std::max(max_q, st[b + 1] - st[b]);
-  if (splits <= 0) {
-    const int64_t threads = at::get_num_threads();
-    splits = 1;
-    if (max_q == 1 && num_items > 0 && num_items < threads)
-      splits = std::min((2 * threads + num_items - 1) / num_items, max_len / (4 * kKeyBlock));
-  }
+  if (splits <= 0) splits = attention_splits(num_items, max_q, max_len, at::get_num_threads());
   splits = std::max<int64_t>(1, splits);
   const int64_t rows_per_item = std::min(max_q, per_item) * group;
   at::Tensor partial;

@@ -4,6 +4,7 @@
 #pragma once
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <optional>
 #include <tuple>
 
@@ -34,6 +35,14 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k, const at::T
 at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& bias, int64_t impl);
 at::Tensor w8a8_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& w_scale,
                        const std::optional<at::Tensor>& bias, int64_t impl);
+// Split-K for decode-only batches (max_q == 1) with too few (request, kv head) items to fill
+// the threads and long enough contexts (>= 4 key blocks per split); 1 otherwise. Shared by
+// paged_attention and the decode team, whose results must agree bit for bit.
+inline int64_t attention_splits(int64_t num_items, int64_t max_q, int64_t max_len, int64_t threads) {
+  if (max_q != 1 || num_items <= 0 || num_items >= threads) return 1;
+  return std::max<int64_t>(1, std::min((2 * threads + num_items - 1) / num_items, max_len / (4 * kKeyBlock)));
+}
+
 // The int8 kernels of variant `impl` (generic's when it has none): what packed its weights.
 const Int8Kernels& int8_table(int64_t impl);
 

@@ -9,14 +9,19 @@
 namespace anycore {
 namespace {
 
-// f(begin, end) over [0, n) in static contiguous chunks; each thread gets >= grain items, and
-// nested calls (from inside a parallel region) run serially.
+// Threads for n items with >= grain items each; 1 inside a parallel region (nested calls run
+// serially).
+inline int64_t team_size(int64_t n, int64_t grain) {
+  const int64_t max_threads = omp_in_parallel() ? 1 : omp_get_max_threads();
+  const int64_t nt = (n + grain - 1) / (grain < 1 ? 1 : grain);
+  return nt < max_threads ? nt : max_threads;
+}
+
+// f(begin, end) over [0, n) in static contiguous chunks (see team_size).
 template <typename F>
 inline void parallel_for(int64_t n, int64_t grain, const F& f) {
   if (n <= 0) return;
-  int64_t max_threads = omp_in_parallel() ? 1 : omp_get_max_threads();
-  int64_t nt = (n + grain - 1) / (grain < 1 ? 1 : grain);
-  if (nt > max_threads) nt = max_threads;
+  const int64_t nt = team_size(n, grain);
   if (nt <= 1) {
     f(int64_t{0}, n);
     return;
@@ -36,9 +41,7 @@ inline void parallel_for(int64_t n, int64_t grain, const F& f) {
 template <typename F>
 inline void parallel_for_guided(int64_t n, int64_t grain, const F& f) {
   if (n <= 0) return;
-  int64_t max_threads = omp_in_parallel() ? 1 : omp_get_max_threads();
-  int64_t nt = (n + grain - 1) / (grain < 1 ? 1 : grain);
-  if (nt > max_threads) nt = max_threads;
+  const int64_t nt = team_size(n, grain);
   if (nt <= 1) {
     f(int64_t{0}, n);
     return;
