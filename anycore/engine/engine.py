@@ -103,6 +103,7 @@ class Engine:
                     range(0, len(calib) - 1, window), desc="calibrating", unit="window", disable=None, leave=False)],
                 lm_head=config.quantize_lm_head, embedding=config.quantize_embedding,
             )
+            self.kv_pool.discard()  # the calibration windows' K/V: no request holds a slot yet
         consolidate_weights(self.model)  # one huge-page block: faster to stream, no heap left fragmented
         tensors = [*self.model.parameters(), *self.model.buffers()]
         self.num_params = sum(t.numel() for t in tensors)

@@ -50,3 +50,17 @@ def test_kv_pool_rss_follows_written_slots():
         pool.v[layer].index_copy_(0, slots, torch.ones(100, 4, 64, dtype=torch.bfloat16))
     written = _rss_bytes() - before
     assert written < 24 << 20, f"100 slots made {written >> 20} MiB resident"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/statm")
+def test_discard_returns_written_pages_and_reads_zero():
+    pool = KVPool(num_layers=2, num_slots=1 << 16, num_kv_heads=4, head_dim=64, dtype=torch.bfloat16)  # 128 MiB
+    before = _rss_bytes()
+    pool.k.fill_(1.0)
+    pool.v[1, :100].fill_(2.0)
+    assert _rss_bytes() - before > 48 << 20
+    pool.discard()
+    assert _rss_bytes() - before < 8 << 20
+    assert torch.count_nonzero(pool.k) == 0 and torch.count_nonzero(pool.v) == 0
+    pool.k[0, 7].fill_(3.0)  # still writable, through the same tensors (views taken before stay valid)
+    assert pool.k.float().sum().item() == 3.0 * 4 * 64
