@@ -187,7 +187,7 @@ def _bind_w8a8(idx: int, impl: str) -> Int8Linear:
     return Int8Linear(
         impl,
         pack=lambda qweight: lib.int8_pack(qweight, idx),
-        unpack=lambda packed, n, k: lib.int8_unpack(packed, n, k, idx),
+        unpack=lambda packed, n, k, rows=None: lib.int8_unpack(packed, n, k, idx, rows),
         forward=forward,
         acc=lambda xq, packed, n: lib.w8a8_int8_acc(xq, packed, n, idx),
     )

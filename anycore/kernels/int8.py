@@ -67,13 +67,13 @@ class Int8Linear:
     """One implementation of ``w8a8_linear`` and the weight layout it reads.
 
     ``pack(qweight [N, K] int8) -> packed`` (once, at load); ``unpack(packed, n, k) -> [N, K]``
-    (e.g. for saving); ``self(x, packed, w_scale, bias)`` is the W8A8 linear;
+    (e.g. for saving), ``unpack(packed, n, k, rows)`` only those rows (int64 ids, ``[len(rows), K]``); ``self(x, packed, w_scale, bias)`` is the W8A8 linear;
     ``acc(xq [M, K] int8, packed, n) -> int32 [M, N]`` the exact accumulator (tests).
     """
 
     impl: str
     pack: Callable[[torch.Tensor], torch.Tensor]
-    unpack: Callable[[torch.Tensor, int, int], torch.Tensor]
+    unpack: Callable[..., torch.Tensor]
     forward: Callable[..., torch.Tensor]
     acc: Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
 
@@ -86,8 +86,8 @@ def _pack_t(qweight: torch.Tensor) -> torch.Tensor:
     return qweight.t().contiguous()
 
 
-def _unpack_t(packed: torch.Tensor, n: int, k: int) -> torch.Tensor:
-    return packed.t().contiguous()
+def _unpack_t(packed: torch.Tensor, n: int, k: int, rows: torch.Tensor | None = None) -> torch.Tensor:
+    return packed.t().contiguous() if rows is None else packed[:, rows.reshape(-1)].t().contiguous()
 
 
 def _acc_torch(xq: torch.Tensor, packed: torch.Tensor, n: int) -> torch.Tensor:
@@ -98,8 +98,8 @@ def _pack_ref(qweight: torch.Tensor) -> torch.Tensor:
     return qweight.contiguous()
 
 
-def _unpack_ref(packed: torch.Tensor, n: int, k: int) -> torch.Tensor:
-    return packed
+def _unpack_ref(packed: torch.Tensor, n: int, k: int, rows: torch.Tensor | None = None) -> torch.Tensor:
+    return packed if rows is None else packed[rows.reshape(-1)]
 
 
 def _acc_ref(xq: torch.Tensor, packed: torch.Tensor, n: int) -> torch.Tensor:

@@ -11,17 +11,25 @@ from anycore.kernels.ops import KernelOps
 
 
 class VocabEmbedding(nn.Module):
-    """The token embedding table, bf16/fp32 or (``quantize_int8``) int8 rows with a per-row scale.
+    """The token embedding table: bf16/fp32, or int8 rows with a per-row scale.
 
-    A lookup reads one row per token, so the int8 table costs nothing in speed; what it saves is
+    A lookup reads one row per token, so an int8 table costs nothing in speed; what it saves is
     memory: half the table (SmolLM2-135M 57 -> 28 MB; a 128k-vocabulary 4096-wide model 1 GB ->
-    0.5 GB). Row-wise rounding error is at most half a step of 1/127 of the row's largest value.
+    0.5 GB). Two ways to get there:
+
+    - ``quantize_int8``: its own int8 rows (an untied table). Rounding error is at most half a
+      step of 1/127 of the row's largest value.
+    - ``share_int8_head``: a tied table reads its rows out of the int8 logits head, which holds
+      the same matrix, packed for the W8A8 kernel (its columns smoothed: each row is scaled back
+      by the head's ``inv_smooth``). One int8 copy of the matrix instead of two: the tied,
+      quantized SmolLM2-135M keeps 28 MB less.
     """
 
     def __init__(self, vocab_size: int, hidden_size: int, dtype: torch.dtype) -> None:
         super().__init__()
         self.dtype = dtype
         self.weight = nn.Parameter(torch.empty(vocab_size, hidden_size, dtype=dtype), requires_grad=False)
+        self.shared_head: LogitsHead | None = None  # (a plain reference: not a submodule of the table)
 
     @torch.no_grad()  # (not inference_mode: inference tensors cannot move into the weight block)
     def quantize_int8(self) -> None:
@@ -33,11 +41,31 @@ class VocabEmbedding(nn.Module):
         self.register_buffer("qweight", qweight)
         self.register_buffer("row_scale", scale)
 
+    @torch.no_grad()
+    def share_int8_head(self, head: LogitsHead) -> None:
+        """Drops the float table: lookups read the rows of ``head``, an int8 logits head tied to
+        this table (``LogitsHead.quantize_int8`` done)."""
+        if head.tied_to is not self or head.int8_kernel is None:
+            raise ValueError("share_int8_head needs an int8 logits head tied to this table")
+        vocab_size, hidden_size = self.weight.shape
+        del self.weight
+        self.register_buffer("weight", None, persistent=False)
+        object.__setattr__(self, "shared_head", head)  # bypasses Module.__setattr__: no submodule
+        self.shape = (vocab_size, hidden_size)
+
     @property
     def is_int8(self) -> bool:
         return self.weight is None
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        head = self.shared_head
+        if head is not None:  # rows unpacked and dequantized per looked-up token only
+            ids = input_ids.reshape(-1)
+            rows = head.int8_kernel.unpack(head.qweight_packed, *self.shape, ids).float()
+            rows *= head.w_scale[ids, None]
+            if head.inv_smooth is not None:
+                rows *= head.inv_smooth
+            return rows.to(self.dtype).reshape(*input_ids.shape, self.shape[1])
         if self.is_int8:  # dequantized per looked-up row only
             return (self.qweight[input_ids].float() * self.row_scale[input_ids, None]).to(self.dtype)
         return F.embedding(input_ids, self.weight)

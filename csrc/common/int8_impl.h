@@ -94,13 +94,14 @@ void int8_pack(void* dst_, const int8_t* w, int64_t n, int64_t k) {
 }
 
 template <class M>
-void int8_unpack(int8_t* w, const void* src_, int64_t n, int64_t k) {
+void int8_unpack(int8_t* w, const void* src_, int64_t n, int64_t k, const int64_t* rows, int64_t count) {
   using L = I8Layout<M>;
   const int8_t* src = static_cast<const int8_t*>(src_);
   const int64_t kp = L::kp(k), G = M::kGroup;
-  for (int64_t r = 0; r < n; ++r) {
-    const int8_t* col = src + L::col_base(r, kp);
-    for (int64_t c = 0; c < k; c += G) std::memcpy(w + r * k + c, col + (c / G) * kI8Panel * G, i8_min(G, k - c));
+  if (rows == nullptr) count = n;
+  for (int64_t i = 0; i < count; ++i) {
+    const int8_t* col = src + L::col_base(rows ? rows[i] : i, kp);
+    for (int64_t c = 0; c < k; c += G) std::memcpy(w + i * k + c, col + (c / G) * kI8Panel * G, i8_min(G, k - c));
   }
 }
 

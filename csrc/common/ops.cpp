@@ -233,11 +233,24 @@ void check_packed(const Int8Kernels& t, const at::Tensor& packed, int64_t n, int
 
 }  // namespace
 
-at::Tensor int8_unpack(const at::Tensor& packed, int64_t n, int64_t k, int64_t impl) {
+// The packed weight's rows as int8 [N, K], or only `rows` (int64 ids, any order, repeats
+// allowed) as [len(rows), K]: a tied int8 head doubles as the embedding table this way.
+at::Tensor int8_unpack(const at::Tensor& packed, int64_t n, int64_t k, int64_t impl,
+                       const std::optional<at::Tensor>& rows) {
   const Int8Kernels& t = int8_table(impl);
   check_packed(t, packed, n, k);
-  at::Tensor out = at::empty({n, k}, packed.options());
-  t.unpack(out.data_ptr<int8_t>(), packed.data_ptr(), n, k);
+  if (!rows.has_value() || !rows->defined()) {
+    at::Tensor out = at::empty({n, k}, packed.options());
+    t.unpack(out.data_ptr<int8_t>(), packed.data_ptr(), n, k, nullptr, n);
+    return out;
+  }
+  at::Tensor ids = rows->to(at::kLong).contiguous().view({-1});
+  const int64_t count = ids.numel();
+  const int64_t* id = ids.data_ptr<int64_t>();
+  for (int64_t i = 0; i < count; ++i) TORCH_CHECK(id[i] >= 0 && id[i] < n, "int8_unpack: row id ", id[i], " not in [0, ", n, ")");
+  at::Tensor out = at::empty({count, k}, packed.options());
+  if (count == 0) return out;  // (a null id pointer would mean "all rows" to the kernel)
+  t.unpack(out.data_ptr<int8_t>(), packed.data_ptr(), n, k, id, count);
   return out;
 }
 
@@ -319,7 +332,7 @@ TORCH_LIBRARY(anycore, m) {
         "Tensor slot_table, float scale, int impl, int splits=0) -> Tensor",
         &paged_attention);
   m.def("int8_pack(Tensor qweight, int impl) -> Tensor", &int8_pack);
-  m.def("int8_unpack(Tensor packed, int n, int k, int impl) -> Tensor", &int8_unpack);
+  m.def("int8_unpack(Tensor packed, int n, int k, int impl, Tensor? rows=None) -> Tensor", &int8_unpack);
   m.def("w8a8_linear(Tensor x, Tensor packed, Tensor w_scale, Tensor? bias, int impl) -> Tensor", &w8a8_linear);
   m.def("w8a8_int8_acc(Tensor xq, Tensor packed, int n, int impl) -> Tensor", &w8a8_int8_acc);
   m.def("decoder_layer(Tensor hidden, Tensor? residual, Tensor?[] weights, int[] linear_impls, int[] op_impls, "

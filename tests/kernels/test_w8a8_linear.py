@@ -49,6 +49,17 @@ def test_pack_unpack_round_trip(kernel, n, k):
     assert torch.equal(kernel.unpack(packed, n, k), qw)
 
 
+@pytest.mark.arm64
+@pytest.mark.parametrize("n, k", [(1, 1), (19, 37), (33, 130)])
+def test_unpack_selected_rows(kernel, n, k):
+    """Any rows, in any order and repeated: how a tied int8 head serves embedding lookups."""
+    qw = _qweight(n, k)
+    packed = kernel.pack(qw)
+    rows = torch.tensor([n - 1, 0, n // 2, n - 1, 0])
+    assert torch.equal(kernel.unpack(packed, n, k, rows), qw[rows])
+    assert kernel.unpack(packed, n, k, torch.tensor([], dtype=torch.long)).shape == (0, k)
+
+
 @pytest.mark.parametrize("m, k, n", _shapes())
 def test_int32_accumulator_is_exact(kernel, m, k, n):
     qw = _qweight(n, k)

@@ -25,6 +25,36 @@ def test_int8_rows_look_up_within_half_a_step():
     assert err.max() <= 0.5 + 2 ** -7 * 127  # half a step, plus the bf16 rounding of the output
 
 
+@pytest.mark.parametrize("smoothed", [False, True])
+def test_a_tied_table_reads_its_rows_from_the_int8_head(smoothed):
+    from anycore.kernels.int8 import REFERENCE_W8A8
+    from anycore.layers.embedding import LogitsHead
+
+    torch.manual_seed(0)
+    emb = VocabEmbedding(300, 48, torch.float32)
+    emb.weight.data.copy_(torch.randn(300, 48) * torch.rand(300, 1) * 3)
+    table = emb.weight.data.clone()
+    head = LogitsHead(300, 48, torch.float32, tied_to=emb)
+    absmax = torch.rand(48) * 10 + 0.1 if smoothed else None
+    head.quantize_int8(absmax, kernel=REFERENCE_W8A8)
+    hidden = torch.randn(4, 48)
+    logits = head(hidden)
+    emb.share_int8_head(head)
+    assert emb.is_int8 and emb.weight is None and not list(emb.buffers())
+    ids = torch.tensor([[0, 5, 299], [7, 7, 123]])
+    got = emb(ids)
+    assert got.dtype == torch.float32 and got.shape == (2, 3, 48)
+    # the head's own dequantized rows, scaled back by its smoothing
+    rows = head.qweight_packed[ids].float() * head.w_scale[ids, None]
+    if smoothed:
+        rows = rows * head.inv_smooth
+    assert torch.allclose(got, rows, rtol=1e-6, atol=0)
+    assert (got - table[ids]).abs().max() < 0.1 * table.abs().max()
+    assert torch.equal(head(hidden), logits)  # the head is untouched
+    with pytest.raises(ValueError, match="tied"):
+        VocabEmbedding(300, 48, torch.float32).share_int8_head(head)
+
+
 @pytest.mark.parametrize("arch", ["llama-untied-llama3-rope", "qwen2-qkv-bias"])
 def test_engine_quantizes_the_table_and_leaves_it_out_of_streamed_bytes(tmp_path, tokenizer, arch):
     write_checkpoint(tmp_path, arch, tokenizer)
@@ -35,13 +65,19 @@ def test_engine_quantizes_the_table_and_leaves_it_out_of_streamed_bytes(tmp_path
     emb = engine.model.embed_tokens
     assert emb.is_int8 and ref.model.embed_tokens.weight is not None
     assert engine.weight_bytes == ref.weight_bytes  # a gathered table is never streamed, float or int8
-    assert engine.num_params == ref.num_params + emb.row_scale.numel()
 
     def resident(model):
         return sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
 
     table = ref.model.embed_tokens.weight
-    assert resident(ref.model) - resident(engine.model) == table.numel() * (4 - 1) - emb.row_scale.numel() * 4
+    if engine.model.lm_head.tied_to is emb:  # rows read from the int8 head: no copy of its own
+        assert emb.shared_head is engine.model.lm_head and not list(emb.buffers())
+        assert engine.num_params == ref.num_params - table.numel()
+        assert resident(ref.model) - resident(engine.model) == table.numel() * 4
+    else:
+        assert emb.shared_head is None
+        assert engine.num_params == ref.num_params + emb.row_scale.numel()
+        assert resident(ref.model) - resident(engine.model) == table.numel() * (4 - 1) - emb.row_scale.numel() * 4
     ids = list(range(3, 60))
     got, want = engine.score(ids), ref.score(ids)
     assert (got - want).abs().mean() < 0.05 * want.abs().mean()

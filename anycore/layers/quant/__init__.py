@@ -47,15 +47,20 @@ def quantize_online(model: nn.Module, make_method: Callable, run_calibration: Ca
     None: searched per pair, see smoothing.py), then switches every Linear to the quantized
     method and converts its weights. ``lm_head``: the logits head too
     (``LogitsHead.quantize_int8``, smoothed with the same calibration pass, alpha 0.5).
-    ``embedding``: the token embedding table too (``VocabEmbedding.quantize_int8``); a table the
-    head is tied to needs ``lm_head`` (else the float head would keep it)."""
+    ``embedding``: the token embedding table too: its own int8 rows
+    (``VocabEmbedding.quantize_int8``), or, tied to the head, the int8 head's rows
+    (``share_int8_head``; so a tied table needs ``lm_head``, else the float head would keep it)."""
     if embedding:
         _check_embedding_quantizable(model, lm_head)
     _quantize(model, make_method, run_calibration, alpha, lm_head)
     if embedding:
+        heads = {id(m.tied_to): m for m in model.modules() if isinstance(m, LogitsHead) and m.tied_to is not None}
         for m in model.modules():
             if isinstance(m, VocabEmbedding):
-                m.quantize_int8()
+                if id(m) in heads:
+                    m.share_int8_head(heads[id(m)])
+                else:
+                    m.quantize_int8()
     release_free_heap()  # after _quantize's locals (views of float weights among them) are gone
 
 
