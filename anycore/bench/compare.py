@@ -60,6 +60,10 @@ def add_compare_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--serve-input-len", type=int, default=100)
     g.add_argument("--serve-output-len", type=int, default=128)
     g.add_argument("--memory-gen-tokens", type=int, default=32, help="memory: tokens generated before the 2nd RSS")
+    g.add_argument("--memory-models", default="",
+                   help="memory: comma list of further checkpoints (HF folders or GGUF files) whose RSS is measured "
+                        "too, anycore engines only, rows tagged with the file name: on a small model the runtime's "
+                        "own ~220 MB hides what quantization saves")
     g.add_argument("--prefix-len", type=int, default=992, help="shared-prefix workload: prefix tokens (suffixes: 20)")
     g.add_argument("--prompts-per-slot", type=int, default=4, help="serving requests per level = this x concurrency (min 4)")
     g.add_argument("--quick", action="store_true",
@@ -239,36 +243,46 @@ class Compare:
 
     # ---- memory --------------------------------------------------------------------------
     def memory(self, gguf: Path) -> None:
-        """RSS per engine, each in a fresh child process (anycore.bench.memory)."""
+        """RSS per engine, each in a fresh child process (anycore.bench.memory); then anycore's
+        engines again on each of ``--memory-models``."""
+        self._memory_of(gguf, "", with_peers=True)
+        for extra in _csv(self.args.memory_models):
+            path = Path(extra)
+            self._memory_of(path, f" [{path.name}]", with_peers=False)
+
+    def _memory_of(self, model: Path, tag: str, with_peers: bool) -> None:
         from anycore.bench import memory
 
         n = self.args.memory_gen_tokens
+        engines = self.anycore_engines(offline=False)
+        if tag:
+            engines = [(name, replace(config, model=str(model))) for name, config in engines]
         probes: list[tuple[str, Any]] = [(name, lambda config=config: memory.anycore_rss(config, n))
-                                         for name, config in self.anycore_engines(offline=False)]
-        if "llama-cpp" in self.peers:
+                                         for name, config in engines]
+        if with_peers and "llama-cpp" in self.peers:
             for qt in _csv(self.args.gguf_types):
                 probes.append((f"llama.cpp {qt}", lambda qt=qt: memory.llama_cpp_rss(
-                    gguf_variant(gguf, qt, self.cache / "gguf"), self.threads, n)))
+                    gguf_variant(model, qt, self.cache / "gguf"), self.threads, n)))
         for name, probe in probes:
-            self.log(f"memory: {name} in a fresh process")
+            self.log(f"memory: {name}{tag} in a fresh process")
             with LoadMonitor() as mon:
                 try:
                     r = probe()
                 except PeerUnavailable as e:
-                    self.skipped[f"{name} memory"] = str(e)
+                    self.skipped[f"{name} memory{tag}"] = str(e)
                     continue
                 except Exception as e:  # noqa: BLE001 - a broken peer is reported, the others still run
-                    self.skipped[f"{name} memory"] = f"{type(e).__name__}: {e}"
+                    self.skipped[f"{name} memory{tag}"] = f"{type(e).__name__}: {e}"
                     continue
             load = mon.report.as_dict()
             mb = 1 << 20
-            self.log(f"memory: {name}: RSS {r['import']['VmRSS'] / mb:.0f} MB after import, "
+            self.log(f"memory: {name}{tag}: RSS {r['import']['VmRSS'] / mb:.0f} MB after import, "
                      f"{r['load']['VmRSS'] / mb:.0f} after load, {r['generate']['VmRSS'] / mb:.0f} after {n} tokens "
                      f"(peak {r['generate']['VmHWM'] / mb:.0f})")
             # resident memory does not depend on other processes' CPU use: no noise flag from it
             # (the load is kept in the JSON as cpu_load_while_probing)
             for point, title in (("load", "RSS after load"), ("generate", f"RSS after load + {n} tok")):
-                self.add(title, name, "MB", False, [r[point]["VmRSS"] / mb], [], cpu_load_while_probing=load,
+                self.add(title + tag, name, "MB", False, [r[point]["VmRSS"] / mb], [], cpu_load_while_probing=load,
                          import_mb=r["import"]["VmRSS"] / mb, peak_mb=r[point]["VmHWM"] / mb,
                          anon_mb=r[point].get("RssAnon", 0) / mb, file_mb=r[point].get("RssFile", 0) / mb,
                          weight_bytes=r.get("weight_bytes"))

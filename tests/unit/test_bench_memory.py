@@ -57,6 +57,34 @@ def test_memory_phase_rows_and_skips(tmp_path, monkeypatch):
     assert t["met"] is False
 
 
+def test_memory_models_are_measured_on_anycore_only_and_tagged(tmp_path, monkeypatch):
+    seen = []
+
+    def anycore_rss(config, n):
+        seen.append((config.model, config.quantization))
+        big = config.model is not None and config.model.endswith("big")
+        return _fake_rss(1800, 1900) if config.quantization and big else _fake_rss(3500, 3600) if big else _fake_rss(500, 510)
+
+    def llama_rss(path, threads, n):
+        seen.append(("llama", path.name))
+        return _fake_rss(300, 310)
+
+    monkeypatch.setattr(memory, "anycore_rss", anycore_rss)
+    monkeypatch.setattr(memory, "llama_cpp_rss", llama_rss)
+    monkeypatch.setattr(cmp, "gguf_variant", lambda src, qt, cache: src)
+    big = tmp_path / "big"
+    c = cmp.Compare(_args(tmp_path, "--gguf-types", "Q8_0", "--memory-gen-tokens", "8", "--memory-models", str(big)),
+                    EngineConfig(threads=2, quantization="w8a8_int8"))
+    c.memory(tmp_path / "m.gguf")
+    assert seen == [(None, None), (None, "w8a8_int8"), ("llama", "m.gguf"), (str(big), None), (str(big), "w8a8_int8")]
+    rows = {(m["workload"], m["engine"]): m for m in c.measurements}
+    assert rows[("RSS after load + 8 tok [big]", "anycore w8a8_int8")]["median"] == pytest.approx(1900)
+    assert ("RSS after load + 8 tok [big]", "llama.cpp Q8_0") not in rows
+    targets = report.quantization_targets(c.measurements, "w8a8_int8")
+    t = next(t for t in targets if t["workload"] == "RSS after load + 8 tok [big]")
+    assert t["ratio"] == pytest.approx(1900 / 3600) and t["met"] is True
+
+
 def test_targets_against_llama_cpp_q8_0():
     def cell(workload, engine, median, limit=None):
         return report.measurement(workload, engine, "tok/s", True, [median], [{"other_cores": 0.0}], limit)
