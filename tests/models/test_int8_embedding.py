@@ -55,11 +55,12 @@ def test_a_tied_table_reads_its_rows_from_the_int8_head(smoothed):
         VocabEmbedding(300, 48, torch.float32).share_int8_head(head)
 
 
-@pytest.mark.parametrize("arch", ["llama-untied-llama3-rope", "qwen2-qkv-bias"])
-def test_engine_quantizes_the_table_and_leaves_it_out_of_streamed_bytes(tmp_path, tokenizer, arch):
+@pytest.mark.parametrize("arch, kernels", [("llama-untied-llama3-rope", None), ("qwen2-qkv-bias", None),
+                                           ("qwen2-qkv-bias", "torch-native")])
+def test_engine_quantizes_the_table_and_leaves_it_out_of_streamed_bytes(tmp_path, tokenizer, arch, kernels):
     write_checkpoint(tmp_path, arch, tokenizer)
     kw = dict(model=str(tmp_path), dtype="float32", kv_cache_gb=0.01, quantization="w8a8_int8",
-              quantize_lm_head=True)
+              quantize_lm_head=True, kernels=kernels)
     ref = LLM(**kw).engine
     engine = LLM(**kw, quantize_embedding=True).engine
     emb = engine.model.embed_tokens
