@@ -36,8 +36,8 @@ class KVPool:
         """Returns every written page to the OS; the pool reads as zeros again, as when new.
 
         Only for a pool no request holds slots in (nothing cached either): the engine calls it
-        after online quantization, whose calibration windows wrote K/V (SmolLM2-135M: 11 MB
-        that would otherwise stay resident for good)."""
+        after online quantization, whose calibration windows wrote K/V (SmolLM2-135M: 11 MB of
+        pages that would otherwise stay resident for good)."""
         for t in (self.k, self.v):
             discard_pages(t)
 

@@ -51,7 +51,7 @@ class VocabEmbedding(nn.Module):
         del self.weight
         self.register_buffer("weight", None, persistent=False)
         object.__setattr__(self, "shared_head", head)  # bypasses Module.__setattr__: no submodule
-        self.shape = (vocab_size, hidden_size)
+        self.table_shape = (vocab_size, hidden_size)
 
     @property
     def is_int8(self) -> bool:
@@ -61,11 +61,11 @@ class VocabEmbedding(nn.Module):
         head = self.shared_head
         if head is not None:  # rows unpacked and dequantized per looked-up token only
             ids = input_ids.reshape(-1)
-            rows = head.int8_kernel.unpack(head.qweight_packed, *self.shape, ids).float()
+            rows = head.int8_kernel.unpack(head.qweight_packed, *self.table_shape, ids).float()
             rows *= head.w_scale[ids, None]
             if head.inv_smooth is not None:
                 rows *= head.inv_smooth
-            return rows.to(self.dtype).reshape(*input_ids.shape, self.shape[1])
+            return rows.to(self.dtype).reshape(*input_ids.shape, self.table_shape[1])
         if self.is_int8:  # dequantized per looked-up row only
             return (self.qweight[input_ids].float() * self.row_scale[input_ids, None]).to(self.dtype)
         return F.embedding(input_ids, self.weight)
