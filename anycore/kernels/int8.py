@@ -67,7 +67,8 @@ class Int8Linear:
     """One implementation of ``w8a8_linear`` and the weight layout it reads.
 
     ``pack(qweight [N, K] int8) -> packed`` (once, at load); ``unpack(packed, n, k) -> [N, K]``
-    (e.g. for saving), ``unpack(packed, n, k, rows)`` only those rows (int64 ids, ``[len(rows), K]``); ``self(x, packed, w_scale, bias)`` is the W8A8 linear;
+    (e.g. for saving), or ``unpack(packed, n, k, rows)`` only those rows (int64 ids,
+    ``[len(rows), K]``); ``self(x, packed, w_scale, bias)`` is the W8A8 linear;
     ``acc(xq [M, K] int8, packed, n) -> int32 [M, N]`` the exact accumulator (tests).
     """
 

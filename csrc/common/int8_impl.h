@@ -98,7 +98,6 @@ void int8_unpack(int8_t* w, const void* src_, int64_t n, int64_t k, const int64_
   using L = I8Layout<M>;
   const int8_t* src = static_cast<const int8_t*>(src_);
   const int64_t kp = L::kp(k), G = M::kGroup;
-  if (rows == nullptr) count = n;
   for (int64_t i = 0; i < count; ++i) {
     const int8_t* col = src + L::col_base(rows ? rows[i] : i, kp);
     for (int64_t c = 0; c < k; c += G) std::memcpy(w + i * k + c, col + (c / G) * kI8Panel * G, i8_min(G, k - c));

@@ -75,8 +75,8 @@ struct W8A8Args {
 struct Int8Kernels {
   int64_t (*packed_bytes)(int64_t n, int64_t k);
   void (*pack)(void* dst, const int8_t* w, int64_t n, int64_t k);  // w: int8 [n, k] row-major
-  // rows [count] of the [n, k] weight (all n in order when rows is null) -> int8 [count, k];
-  // rows are trusted to be in [0, n) (ops.cpp checks them)
+  // rows[0..count) of the [n, k] weight (rows null: 0..count-1) -> int8 [count, k]; the ids
+  // are trusted to be in [0, n) (ops.cpp checks them)
   void (*unpack)(int8_t* w, const void* src, int64_t n, int64_t k, const int64_t* rows, int64_t count);
   int64_t (*workspace_bytes)(int64_t m, int64_t k);
   void (*w8a8_linear)(const W8A8Args& args);

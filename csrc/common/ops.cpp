@@ -249,7 +249,6 @@ at::Tensor int8_unpack(const at::Tensor& packed, int64_t n, int64_t k, int64_t i
   const int64_t* id = ids.data_ptr<int64_t>();
   for (int64_t i = 0; i < count; ++i) TORCH_CHECK(id[i] >= 0 && id[i] < n, "int8_unpack: row id ", id[i], " not in [0, ", n, ")");
   at::Tensor out = at::empty({count, k}, packed.options());
-  if (count == 0) return out;  // (a null id pointer would mean "all rows" to the kernel)
   t.unpack(out.data_ptr<int8_t>(), packed.data_ptr(), n, k, id, count);
   return out;
 }
