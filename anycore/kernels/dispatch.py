@@ -29,8 +29,9 @@ log = logging.getLogger("anycore.kernels")
 
 _NATIVE_DTYPES = (torch.float32, torch.bfloat16)
 # rows up to which the native bf16 linear beats oneDNN (one VDPBF16PS tile of activation rows;
-# measured: 1 thread, SmolLM2 decode shapes, native 26/28/35 ms vs oneDNN 48/49/50 ms at 1/2/4
-# rows, 56 vs 48 ms at 8)
+# measured on x86: 1 thread, SmolLM2 decode shapes, native 26/28/35 ms vs oneDNN 48/49/50 ms at
+# 1/2/4 rows, 56 vs 48 ms at 8). The Arm variants use the same limit
+# (their tiles are 4 activation rows too); not timed on Arm hardware.
 NATIVE_LINEAR_MAX_ROWS = 4
 
 
@@ -138,9 +139,10 @@ def _bind(op: str, idx: int, impl: str = "") -> Callable:
             return native(x, idx)
         return silu_and_mul
     if op == "linear":
-        # Native only where it measured faster than F.linear (oneDNN): bf16 with at most
-        # NATIVE_LINEAR_MAX_ROWS rows (decode GEMV, small decode batches). More rows, fp32, or
-        # odd layouts go to F.linear. csrc/common/decoder_layer.cpp `project` applies the same rule.
+        # Native only for bf16 with at most NATIVE_LINEAR_MAX_ROWS rows (decode GEMV, small decode
+        # batches; measured faster than F.linear/oneDNN on x86, see selection.py for why Arm
+        # uses it). More rows, fp32, or odd layouts go to F.linear.
+        # csrc/common/decoder_layer.cpp `project` applies the same rule.
         def linear(x, weight, bias=None):
             if (x.dtype is torch.bfloat16 and weight.dtype is torch.bfloat16
                     and x.numel() <= NATIVE_LINEAR_MAX_ROWS * x.shape[-1]

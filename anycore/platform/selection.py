@@ -20,14 +20,23 @@ from dataclasses import dataclass
 from anycore.platform.features import CpuFeatures
 
 OPS = ("rms_norm", "add_rms_norm", "apply_rotary", "silu_and_mul", "paged_attention", "linear", "w8a8_linear")
-# ops every architecture has a native variant of; `linear` is x86-only (see VARIANTS)
+# ops every architecture has a native variant of; `linear` has one on x86-64 (AVX-512) and
+# aarch64 (Neon), not in generic (see VARIANTS)
 CORE_OPS = OPS[:5]
 _LINEAR_OPS = CORE_OPS + ("linear",)
 TORCH_NATIVE = "torch-native"
 REFERENCE = "reference"
 ENV_OVERRIDE = "ANYCORE_KERNELS"
-# `linear` (bf16 GEMV for one-token decode) exists only in the AVX-512 variants: measured faster
-# than torch's F.linear there for M=1 bf16 only; everywhere else torch-native (F.linear) replaces it.
+# `linear` (bf16 GEMV for decode, at most NATIVE_LINEAR_MAX_ROWS rows; F.linear beyond) runs on:
+# - x86-64: the AVX-512 variants, measured faster than torch's F.linear (oneDNN) there for bf16
+#   decode. AVX2 keeps torch-native.
+# - aarch64: neon (every Arm CPU). Chosen because a native multiply for every projection lets the
+#   whole decode step run as one native call (decoder_stack / the decode team; on x86 kernels on
+#   vs off measured 4.2-4.7x for bf16 decode), NOT because it was timed against torch's
+#   oneDNN/ACL GEMV on Arm hardware: the Arm kernels have only run under QEMU, where nothing can
+#   be timed. `ANYCORE_KERNELS=linear=torch-native` restores F.linear (the stack then calls
+#   at::linear for the projections).
+# Elsewhere (generic, other architectures) torch-native (F.linear) replaces it.
 # `w8a8_linear` (W8A8 INT8 GEMM/GEMV, weight pre-packed per variant) runs on the int8 dot-product
 # variants (avx512_vnni: VPDPBUSD; dotprod: SDOT; i8mm: SMMLA) and on generic C++ elsewhere;
 # without the extension torch-native (torch._int_mm) replaces it.
@@ -71,7 +80,7 @@ VARIANTS: tuple[Variant, ...] = (
             "x86/amx.cpp", _X86_AVX512 + ("-mavx512vnni", "-mamx-tile", "-mamx-int8"), ("w8a8_linear",),
             "AMX-INT8 TDPBUSD tiles for M >= 32, VPDPBUSD below (same packed layout)"),
     # aarch64
-    Variant("neon", "aarch64", ("asimd",), 10, "aarch64/neon.cpp", ("-march=armv8-a",), CORE_OPS,
+    Variant("neon", "aarch64", ("asimd",), 10, "aarch64/neon.cpp", ("-march=armv8-a",), _LINEAR_OPS,
             "Advanced SIMD intrinsics"),
     Variant("dotprod", "aarch64", ("asimd", "asimddp"), 15, "aarch64/dotprod.cpp",
             ("-march=armv8.2-a+dotprod",), ("w8a8_linear",), "SDOT int8 GEMM/GEMV"),

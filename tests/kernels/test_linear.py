@@ -1,4 +1,4 @@
-"""The native small-M linear (x86 AVX-512 only) against F.linear, raw op and dispatch routing."""
+"""The native small-M linear (x86 AVX-512, Arm Neon) against F.linear, raw op and dispatch routing."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ from anycore.kernels.build import load_extension
 from anycore.kernels.dispatch import make_op
 
 OP = "linear"
+# tiny shapes: the emulated Arm64 lane runs them for each Arm variant of linear
+pytestmark = pytest.mark.arm64
 
 
 def _raw(impl):

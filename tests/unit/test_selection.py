@@ -34,9 +34,9 @@ def _expect(op_impl: str, **per_op: str) -> dict[str, str]:
         (X86_AVX512, ALL_X86, _expect("avx512", w8a8_linear="torch-native")),
         (X86_AVX512_BF16, ALL_X86, _expect("avx512_bf16", w8a8_linear="avx512_vnni")),
         (X86_AMX, ALL_X86, _expect("avx512_bf16", w8a8_linear="amx")),
-        (ARM_NEON, ALL_ARM, _expect("neon", linear="torch-native", w8a8_linear="generic")),
-        (ARM_DOTPROD, ALL_ARM, _expect("neon", linear="torch-native", w8a8_linear="dotprod")),
-        (ARM_SVE_I8MM, ALL_ARM, _expect("sve", paged_attention="neon", linear="torch-native", w8a8_linear="i8mm")),
+        (ARM_NEON, ALL_ARM, _expect("neon", w8a8_linear="generic")),
+        (ARM_DOTPROD, ALL_ARM, _expect("neon", w8a8_linear="dotprod")),
+        (ARM_SVE_I8MM, ALL_ARM, _expect("sve", paged_attention="neon", linear="neon", w8a8_linear="i8mm")),
         (RISCV, ("generic",), _expect("generic", linear="torch-native", w8a8_linear="generic")),
         (X86_AVX512, None, _expect("torch-native")),
         (ARM_SVE_I8MM, None, _expect("torch-native")),
@@ -77,10 +77,16 @@ def test_variant_missing_from_build_warns_and_falls_back():
     assert any("sve usable on this CPU but the extension was built without it" in w for w in s.warnings)
 
 
-def test_x86_only_op_is_replaced_elsewhere():
-    s = sel.select(ARM_SVE_I8MM, ALL_ARM)
+def test_linear_is_native_on_x86_avx512_and_arm_only():
+    assert sel.select(ARM_NEON, ALL_ARM).impl("linear") == "neon"
+    s = sel.select(RISCV, ("generic",))
     reason = next(c.reason for c in s.choices if c.op == "linear")
-    assert s.impl("linear") == "torch-native" and "no native variant of linear on aarch64" in reason
+    assert s.impl("linear") == "torch-native" and "no native variant of linear on riscv64" in reason
+    s = sel.select(X86_AVX2, ALL_X86)  # generic has no linear either
+    assert s.impl("linear") == "torch-native" and "avx512: CPU lacks" in next(c.reason for c in s.choices
+                                                                              if c.op == "linear")
+    s = sel.select(ARM_NEON, ALL_ARM, "linear=torch-native")  # F.linear on request
+    assert s.impl("linear") == "torch-native" and not s.warnings
 
 
 @pytest.mark.arm64
