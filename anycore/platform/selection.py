@@ -30,12 +30,12 @@ ENV_OVERRIDE = "ANYCORE_KERNELS"
 # `linear` (bf16 GEMV for decode, at most NATIVE_LINEAR_MAX_ROWS rows; F.linear beyond) runs on:
 # - x86-64: the AVX-512 variants, measured faster than torch's F.linear (oneDNN) there for bf16
 #   decode. AVX2 keeps torch-native.
-# - aarch64: neon (every Arm CPU). Chosen because a native multiply for every projection lets the
-#   whole decode step run as one native call (decoder_stack / the decode team; on x86 kernels on
-#   vs off measured 4.2-4.7x for bf16 decode), NOT because it was timed against torch's
-#   oneDNN/ACL GEMV on Arm hardware: the Arm kernels have only run under QEMU, where nothing can
-#   be timed. `ANYCORE_KERNELS=linear=torch-native` restores F.linear (the stack then calls
-#   at::linear for the projections).
+# - aarch64: neon (every Arm CPU), neon_bf16 (BFDOT). Chosen because a native multiply for every
+#   projection lets the whole decode step run as one native call (decoder_stack / the decode
+#   team; on x86 kernels on vs off measured 4.2-4.7x for bf16 decode), NOT because it was timed
+#   against torch's oneDNN/ACL GEMV on Arm hardware: the Arm kernels have only run under QEMU,
+#   where nothing can be timed. `ANYCORE_KERNELS=linear=torch-native` restores F.linear (the
+#   stack then calls at::linear for the projections, and the decode team stays off).
 # Elsewhere (generic, other architectures) torch-native (F.linear) replaces it.
 # `w8a8_linear` (W8A8 INT8 GEMM/GEMV, weight pre-packed per variant) runs on the int8 dot-product
 # variants (avx512_vnni: VPDPBUSD; dotprod: SDOT; i8mm: SMMLA) and on generic C++ elsewhere;
@@ -82,13 +82,16 @@ VARIANTS: tuple[Variant, ...] = (
     # aarch64
     Variant("neon", "aarch64", ("asimd",), 10, "aarch64/neon.cpp", ("-march=armv8-a",), _LINEAR_OPS,
             "Advanced SIMD intrinsics"),
+    Variant("neon_bf16", "aarch64", ("asimd", "bf16"), 12, "aarch64/neon_bf16.cpp",
+            ("-march=armv8.2-a+bf16",), _LINEAR_OPS,
+            "Neon with BFDOT bf16 dot products (linear, attention q.k); element-wise ops as neon"),
     Variant("dotprod", "aarch64", ("asimd", "asimddp"), 15, "aarch64/dotprod.cpp",
             ("-march=armv8.2-a+dotprod",), ("w8a8_linear",), "SDOT int8 GEMM/GEMV"),
     Variant("i8mm", "aarch64", ("asimd", "i8mm"), 16, "aarch64/i8mm.cpp",
             ("-march=armv8.2-a+i8mm",), ("w8a8_linear",), "SMMLA int8 GEMM/GEMV (2x8 blocks)"),
     Variant("sve", "aarch64", ("sve",), 20, "aarch64/sve.cpp", ("-march=armv8.2-a+sve",),
             ("rms_norm", "add_rms_norm", "apply_rotary", "silu_and_mul"),
-            "vector-length-agnostic SVE; paged_attention stays on neon"),
+            "vector-length-agnostic SVE; paged_attention and linear stay on neon/neon_bf16"),
 )
 
 

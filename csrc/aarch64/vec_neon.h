@@ -1,19 +1,31 @@
 // 16-lane fp32 vector on Advanced SIMD (four float32x4_t, so dot products keep four
 // independent FMA chains). Same interface as common/vec_generic.h.
+//
+// With ANYCORE_NEON_BF16 defined (the neon_bf16 translation unit, -march=armv8.2-a+bf16) bf16
+// dot products (linear, the attention q.k dot) use BFDOT. BFDOT sums each pair of products
+// with its own rounding (round-to-odd, denormals flushed, FPCR ignored, without FEAT_EBF16),
+// so results differ from fp32 FMAs in the last bits, like VDPBF16PS on x86. Everything else
+// (bf16 conversion and rounding included) is the same code as the neon variant.
 #pragma once
 #include <arm_neon.h>
 
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 #include "../common/bf16.h"
+#include "../common/prefetch.h"
 
 namespace anycore {
 namespace {
 
 struct VecNeon {
   static constexpr int W = 16;
+#ifdef ANYCORE_NEON_BF16
+  static constexpr bool kBf16Dot = true;
+#else
   static constexpr bool kBf16Dot = false;
+#endif
   float32x4_t v[4];
 
   static VecNeon set1(float a) {
@@ -111,8 +123,92 @@ struct VecNeon {
     for (int i = 0; i < 4; ++i) r.v[i] = vreinterpretq_f32_u32(vshlq_n_u32(bf16_bits(v[i]), 16));
     return r;
   }
+#ifdef ANYCORE_NEON_BF16
+  static bfloat16x8_t ld_bf16(const bf16* p) {
+    return vreinterpretq_bf16_u16(vld1q_u16(reinterpret_cast<const uint16_t*>(p)));
+  }
+  // the first n < 8 values, zeros after them (Neon has no masked load)
+  static bfloat16x8_t ld_bf16_n(const bf16* p, int64_t n) {
+    uint16_t tmp[8] = {};
+    std::memcpy(tmp, p, static_cast<size_t>(n) * sizeof(bf16));
+    return vreinterpretq_bf16_u16(vld1q_u16(tmp));
+  }
+  // dot(a, b) over n values: four independent BFDOT chains, 32 values per step
+  static float dot_bf16(const bf16* a, const bf16* b, int64_t n) {
+    float32x4_t acc[4] = {vdupq_n_f32(0.0f), vdupq_n_f32(0.0f), vdupq_n_f32(0.0f), vdupq_n_f32(0.0f)};
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+#pragma GCC unroll 4
+      for (int u = 0; u < 4; ++u) acc[u] = vbfdotq_f32(acc[u], ld_bf16(a + i + 8 * u), ld_bf16(b + i + 8 * u));
+    }
+    for (int u = 0; i + 8 <= n; i += 8, ++u) acc[u] = vbfdotq_f32(acc[u], ld_bf16(a + i), ld_bf16(b + i));
+    if (i < n) acc[3] = vbfdotq_f32(acc[3], ld_bf16_n(a + i, n - i), ld_bf16_n(b + i, n - i));
+    return vaddvq_f32(vaddq_f32(vaddq_f32(acc[0], acc[1]), vaddq_f32(acc[2], acc[3])));
+  }
+  // res[i * 4 + r] = dot(x + i * xs, w + r * k) for i < mr <= 4, r < nr <= 4: each weight
+  // vector is loaded once for all mr activation rows (small-batch GEMM reads W once).
+  static void dot_tile_bf16(const bf16* x, int64_t xs, int64_t mr, const bf16* w, int64_t k, int64_t nr,
+                            float* res) {
+    switch (mr) {
+      case 1: return dot_tile<1>(x, xs, w, k, nr, res);
+      case 2: return dot_tile<2>(x, xs, w, k, nr, res);
+      case 3: return dot_tile<3>(x, xs, w, k, nr, res);
+      default: return dot_tile<4>(x, xs, w, k, nr, res);
+    }
+  }
+  template <bool kTail>
+  static bfloat16x8_t ld_step(const bf16* p, int64_t n) {
+    if constexpr (kTail) {
+      return ld_bf16_n(p, n);
+    } else {
+      return ld_bf16(p);
+    }
+  }
+  // acc[i][r] += x row i . weight row r over the 8 values at j (n < 8 of them with kTail)
+  template <int MR, bool kTail = false>
+  static void tile_step(float32x4_t (&acc)[MR][4], const bf16* x, int64_t xs, const bf16* const (&wr)[4], int64_t j,
+                        int64_t n = 8) {
+    bfloat16x8_t wv[4];
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; ++r) wv[r] = ld_step<kTail>(wr[r] + j, n);
+#pragma GCC unroll 4
+    for (int i = 0; i < MR; ++i) {
+      const bfloat16x8_t xv = ld_step<kTail>(x + i * xs + j, n);
+#pragma GCC unroll 4
+      for (int r = 0; r < 4; ++r) acc[i][r] = vbfdotq_f32(acc[i][r], xv, wv[r]);
+    }
+  }
+  template <int MR>
+  static void dot_tile(const bf16* x, int64_t xs, const bf16* w, int64_t k, int64_t nr, float* res) {
+    // Weight rows past nr re-read row nr - 1 (valid memory, results dropped): no branches in the
+    // loop. One activation row gets two accumulator sets (8 chains); more rows have enough.
+    constexpr int kSets = MR == 1 ? 2 : 1;
+    const bf16* wr[4];
+    for (int r = 0; r < 4; ++r) wr[r] = w + (r < nr ? r : nr - 1) * k;
+    float32x4_t acc[kSets][MR][4];
+    for (int s = 0; s < kSets; ++s)
+      for (int i = 0; i < MR; ++i)
+        for (int r = 0; r < 4; ++r) acc[s][i][r] = vdupq_n_f32(0.0f);
+    int64_t j = 0;
+    for (; j + 32 <= k; j += 32) {  // 64 bytes of each weight row: one prefetch per row
+#pragma GCC unroll 4
+      for (int r = 0; r < 4; ++r) prefetch_stream(wr[r] + j);
+#pragma GCC unroll 4
+      for (int u = 0; u < 4; ++u) tile_step<MR>(acc[u % kSets], x, xs, wr, j + 8 * u);
+    }
+    for (; j + 8 <= k; j += 8) tile_step<MR>(acc[0], x, xs, wr, j);
+    if (j < k) tile_step<MR, true>(acc[0], x, xs, wr, j, k - j);
+    for (int i = 0; i < MR; ++i)
+      for (int64_t r = 0; r < nr; ++r) {
+        float32x4_t a = acc[0][i][r];
+        for (int s = 1; s < kSets; ++s) a = vaddq_f32(a, acc[s][i][r]);
+        res[i * 4 + r] = vaddvq_f32(a);
+      }
+  }
+#else
   static float dot_bf16(const bf16*, const bf16*, int64_t) { return 0.0f; }
   static void dot_tile_bf16(const bf16*, int64_t, int64_t, const bf16*, int64_t, int64_t, float*) {}
+#endif
 };
 
 }  // namespace

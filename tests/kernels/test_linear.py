@@ -23,7 +23,7 @@ def _raw(impl):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("m, k, n", [(1, 64, 7), (1, 100, 33), (2, 40, 5), (3, 4100, 17), (4, 96, 9), (5, 2048, 64),
-                                     (7, 300, 13), (9, 64, 4)])
+                                     (7, 300, 13), (9, 64, 4), (6, 72, 10)])
 @pytest.mark.parametrize("with_bias", [False, True], ids=["nobias", "bias"])
 def test_linear_raw(impl, dtype, m, k, n, with_bias):
     x = torch.randn(m, k, dtype=dtype)

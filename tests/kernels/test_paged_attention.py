@@ -47,6 +47,13 @@ def test_mixed_batch(kernel, tol, dtype, head_dim, kv_heads, group):
 
 
 @pytest.mark.parametrize("dtype", DT)
+def test_head_dim_not_a_multiple_of_8(kernel, tol, dtype):
+    # 44 = 32 + 8 + 4: every step of the bf16 dot products (BFDOT variants), partial vectors
+    args = _case([(37, 1), (12, 12)], 2, 2, 44, dtype)
+    torch.testing.assert_close(kernel(*args), reference.paged_attention(*args), **tol(dtype))
+
+
+@pytest.mark.parametrize("dtype", DT)
 def test_long_prefill_int32_slots(kernel, tol, dtype):
     # > 64 queries per request and > 32-key blocks; int32 slot table as the cache may hand out
     args = _case([(150, 150), (100, 67)], 2, 4, 64, dtype, slot_dtype=torch.int32)

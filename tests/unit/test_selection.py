@@ -13,11 +13,12 @@ X86_AVX512_BF16 = CpuFeatures("x86_64", X86_AVX512.flags | {"avx512_bf16", "avx5
 X86_AMX = CpuFeatures("x86_64", X86_AVX512_BF16.flags | {"amx_tile", "amx_bf16", "amx_int8"})
 ARM_NEON = CpuFeatures("aarch64", frozenset({"fp", "asimd"}))
 ARM_DOTPROD = CpuFeatures("aarch64", ARM_NEON.flags | {"asimddp"})
+ARM_BF16 = CpuFeatures("aarch64", ARM_DOTPROD.flags | {"i8mm", "bf16"})  # e.g. Apple M2: no SVE
 ARM_SVE_I8MM = CpuFeatures("aarch64", ARM_DOTPROD.flags | {"i8mm", "bf16", "sve", "sve2"}, sve_vector_bits=256)
 RISCV = CpuFeatures("riscv64", frozenset({"rv64imafdc"}))
 
 ALL_X86 = ("generic", "avx2", "avx512", "avx512_vnni", "avx512_bf16", "amx")
-ALL_ARM = ("generic", "neon", "dotprod", "i8mm", "sve")
+ALL_ARM = ("generic", "neon", "neon_bf16", "dotprod", "i8mm", "sve")
 
 
 def _expect(op_impl: str, **per_op: str) -> dict[str, str]:
@@ -36,12 +37,14 @@ def _expect(op_impl: str, **per_op: str) -> dict[str, str]:
         (X86_AMX, ALL_X86, _expect("avx512_bf16", w8a8_linear="amx")),
         (ARM_NEON, ALL_ARM, _expect("neon", w8a8_linear="generic")),
         (ARM_DOTPROD, ALL_ARM, _expect("neon", w8a8_linear="dotprod")),
-        (ARM_SVE_I8MM, ALL_ARM, _expect("sve", paged_attention="neon", linear="neon", w8a8_linear="i8mm")),
+        (ARM_BF16, ALL_ARM, _expect("neon_bf16", w8a8_linear="i8mm")),
+        (ARM_SVE_I8MM, ALL_ARM, _expect("sve", paged_attention="neon_bf16", linear="neon_bf16", w8a8_linear="i8mm")),
         (RISCV, ("generic",), _expect("generic", linear="torch-native", w8a8_linear="generic")),
         (X86_AVX512, None, _expect("torch-native")),
         (ARM_SVE_I8MM, None, _expect("torch-native")),
     ],
-    ids=["avx2", "avx512", "avx512_bf16", "amx", "neon", "dotprod", "sve_i8mm", "riscv", "x86_noext", "arm_noext"],
+    ids=["avx2", "avx512", "avx512_bf16", "amx", "neon", "dotprod", "bf16", "sve_i8mm", "riscv", "x86_noext",
+         "arm_noext"],
 )
 def test_documented_choice(features, available, expected):
     s = sel.select(features, available)
@@ -59,6 +62,9 @@ def test_lacking_feature_never_chosen_even_when_forced():
     s = sel.select(X86_AVX2, ALL_X86, "rms_norm=avx512,silu_and_mul=avx512_bf16")
     assert s.impl("rms_norm") == "avx2" and s.impl("silu_and_mul") == "avx2"
     assert any("CPU lacks" in w for w in s.warnings)
+    s = sel.select(ARM_DOTPROD, ALL_ARM, "linear=neon_bf16,paged_attention=neon_bf16")
+    assert s.impl("linear") == "neon" and s.impl("paged_attention") == "neon"
+    assert sum("neon_bf16 refused (CPU lacks bf16)" in w for w in s.warnings) == 2
 
 
 def test_override_parsing_and_all_torch_native():
@@ -79,6 +85,10 @@ def test_variant_missing_from_build_warns_and_falls_back():
 
 def test_linear_is_native_on_x86_avx512_and_arm_only():
     assert sel.select(ARM_NEON, ALL_ARM).impl("linear") == "neon"
+    s = sel.select(ARM_DOTPROD, ALL_ARM)
+    reason = next(c.reason for c in s.choices if c.op == "linear")
+    assert s.impl("linear") == "neon" and "neon_bf16: CPU lacks bf16" in reason
+    assert sel.select(ARM_BF16, ("generic", "neon")).impl("linear") == "neon"  # built without neon_bf16
     s = sel.select(RISCV, ("generic",))
     reason = next(c.reason for c in s.choices if c.op == "linear")
     assert s.impl("linear") == "torch-native" and "no native variant of linear on riscv64" in reason
