@@ -6,7 +6,8 @@ returns a ``KernelOps`` of callables with the signatures of ``anycore.kernels.re
 
 Safety rule: a native variant is bound only after checking the *running* CPU has every flag
 it needs (``native_op`` raises otherwise), whatever features were injected for selection; a
-variant the CPU lacks would die with SIGILL, not raise.
+variant the CPU lacks would die with SIGILL, not raise (or, for sve256 on a CPU whose SVE vector
+length is not 256 bits, silently compute wrong results).
 """
 
 from __future__ import annotations
@@ -103,7 +104,7 @@ def native_op(op: str, impl: str, ext: ExtensionInfo | None = None) -> Callable:
         raise ValueError(f"no native variant {impl!r} of {op}")
     host = host_features()
     if not selection.usable(v, host):
-        raise RuntimeError(f"{impl} needs {', '.join(host.missing(v.requires)) or host.arch}; this CPU lacks it")
+        raise RuntimeError(f"{impl} needs {selection.lacking(v, host)}; this CPU lacks it")
     ext = ext or load_extension()
     if not ext.available or impl not in ext.variants:
         raise RuntimeError(f"{impl} is not in the built extension ({ext.error or ', '.join(ext.variants)})")
@@ -207,7 +208,7 @@ def implementations(op: str) -> list[tuple[str, str]]:
         if op not in v.ops:
             continue
         if not selection.usable(v, host):
-            out.append((v.name, f"CPU lacks {', '.join(host.missing(v.requires))}"))
+            out.append((v.name, f"CPU lacks {selection.lacking(v, host)}"))
             continue
         ext = ext or load_extension()
         if not ext.available:

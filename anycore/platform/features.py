@@ -5,6 +5,14 @@ Flag names follow the Linux kernel's spelling in ``/proc/cpuinfo`` on both archi
 ``sve``), so a feature set can be written by hand in tests and compared with a real machine.
 On aarch64 the cpuinfo ``Features`` line is merged with ``getauxval(AT_HWCAP/AT_HWCAP2)``
 (cpuinfo may be hidden in containers; the auxv is what the kernel actually grants).
+
+One kind of flag is not the kernel's: ``sve<bits>`` (``sve128``, ``sve256``, ...), a pseudo-flag
+for the current SVE vector length, derived from ``sve_vector_bits``. It lets a variant compiled
+for one fixed length (``-msve-vector-bits=256``: the ``sve256`` variant) require that length like
+any other flag, so ``CpuFeatures.has``/``missing`` and the selection table need nothing special.
+``CpuFeatures`` keeps it in step with ``sve_vector_bits`` (and the ``sve`` flag): a hand-written
+``sve<bits>`` in ``flags`` is dropped unless the length matches. Real flags never collide with it
+(``sve2`` is SVE2; lengths are multiples of 128).
 """
 
 from __future__ import annotations
@@ -13,6 +21,7 @@ import ctypes
 import glob
 import os
 import platform
+import re
 from dataclasses import dataclass, field
 
 # AArch64 HWCAP bits (linux/arch/arm64/include/uapi/asm/hwcap.h), named as in /proc/cpuinfo.
@@ -28,6 +37,17 @@ _HWCAP2_BITS = {
 _AT_HWCAP, _AT_HWCAP2 = 16, 26
 _PR_SVE_GET_VL = 51
 _PR_SVE_VL_LEN_MASK = 0xFFFF
+_SVE_LENGTH_FLAG = re.compile(r"sve(\d+)")
+
+
+def sve_length_flag(bits: int) -> str:
+    """The pseudo-flag naming an SVE vector length, e.g. ``sve256``."""
+    return f"sve{bits}"
+
+
+def is_sve_length_flag(name: str) -> bool:
+    m = _SVE_LENGTH_FLAG.fullmatch(name)
+    return m is not None and int(m.group(1)) >= 128
 
 
 def normalize_arch(machine: str) -> str:
@@ -52,6 +72,13 @@ class CpuFeatures:
     caches: tuple[tuple[str, int], ...] = ()
     sve_vector_bits: int = 0  # 0 when SVE is absent or the length is unknown
     notes: tuple[str, ...] = field(default=(), compare=False)
+
+    def __post_init__(self) -> None:
+        # the sve<bits> pseudo-flag follows sve_vector_bits, whatever `flags` was given
+        flags = frozenset(f for f in self.flags if not is_sve_length_flag(f))
+        if self.sve_vector_bits > 0 and "sve" in flags:
+            flags |= {sve_length_flag(self.sve_vector_bits)}
+        object.__setattr__(self, "flags", flags)
 
     def has(self, *names: str) -> bool:
         return all(n in self.flags for n in names)

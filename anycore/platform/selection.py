@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from anycore.platform.features import CpuFeatures
+from anycore.platform.features import CpuFeatures, is_sve_length_flag
 
 OPS = ("rms_norm", "add_rms_norm", "apply_rotary", "silu_and_mul", "paged_attention", "linear", "w8a8_linear")
 # ops every architecture has a native variant of; `linear` has one on x86-64 (AVX-512) and
@@ -30,7 +30,7 @@ ENV_OVERRIDE = "ANYCORE_KERNELS"
 # `linear` (bf16 GEMV for decode, at most NATIVE_LINEAR_MAX_ROWS rows; F.linear beyond) runs on:
 # - x86-64: the AVX-512 variants, measured faster than torch's F.linear (oneDNN) there for bf16
 #   decode. AVX2 keeps torch-native.
-# - aarch64: neon (every Arm CPU), neon_bf16 (BFDOT). Chosen because a native multiply for every
+# - aarch64: neon (every Arm CPU), neon_bf16 (BFDOT), sve256 (SVE BFDOT). Chosen because a native multiply for every
 #   projection lets the whole decode step run as one native call (decoder_stack / the decode
 #   team; on x86 kernels on vs off measured 4.2-4.7x for bf16 decode), NOT because it was timed
 #   against torch's oneDNN/ACL GEMV on Arm hardware: the Arm kernels have only run under QEMU,
@@ -92,6 +92,13 @@ VARIANTS: tuple[Variant, ...] = (
     Variant("sve", "aarch64", ("sve",), 20, "aarch64/sve.cpp", ("-march=armv8.2-a+sve",),
             ("rms_norm", "add_rms_norm", "apply_rotary", "silu_and_mul"),
             "vector-length-agnostic SVE; paged_attention and linear stay on neon/neon_bf16"),
+    # Compiled for exactly 256-bit vectors (-msve-vector-bits=256): on another SVE length its code
+    # runs without faulting and computes wrong results, so it requires the `sve256` pseudo-flag
+    # (features.py: SVE with sve_vector_bits == 256), which an override cannot get around either.
+    # svebf16: SVE BFDOT (HWCAP2_SVEBF16; every 256-bit SVE CPU with bf16 so far, Graviton3).
+    Variant("sve256", "aarch64", ("sve", "bf16", "svebf16", "sve256"), 25, "aarch64/sve256.cpp",
+            ("-march=armv8.2-a+sve+bf16", "-msve-vector-bits=256"), _LINEAR_OPS,
+            "fixed-length 256-bit SVE (Neoverse V1 / Graviton3), SVE BFDOT bf16 dot products"),
 )
 
 
@@ -148,6 +155,21 @@ def usable(v: Variant, features: CpuFeatures) -> bool:
     return v.arch in (features.arch, "any") and features.has(*v.requires)
 
 
+def lacking(v: Variant, features: CpuFeatures) -> str:
+    """What ``features`` lacks for ``v``, for messages: ``bf16``, or ``sve256 (SVE vector length
+    128 bits, needs 256)`` for a vector-length pseudo-flag."""
+    if v.arch not in (features.arch, "any"):
+        return f"the architecture ({v.arch})"
+    out = []
+    for name in features.missing(v.requires):
+        if is_sve_length_flag(name) and features.sve_vector_bits:
+            name = f"{name} (SVE vector length {features.sve_vector_bits} bits, needs {name[3:]})"
+        elif is_sve_length_flag(name):
+            name = f"{name} (needs {name[3:]}-bit SVE vectors)"
+        out.append(name)
+    return ", ".join(out)
+
+
 def select(
     features: CpuFeatures,
     available: Iterable[str] | None,
@@ -188,7 +210,7 @@ def _auto(op: str, features: CpuFeatures, avail, ext_error: str) -> Choice:
         if v.name in AUTO_SKIP.get((op, features.arch), ()):
             skipped.append(f"{v.name}: slower than {TORCH_NATIVE} for {op} on {features.arch}")
         elif not usable(v, features):
-            skipped.append(f"{v.name}: CPU lacks {','.join(features.missing(v.requires))}")
+            skipped.append(f"{v.name}: CPU lacks {lacking(v, features)}")
         elif avail is None:
             skipped.append(f"{v.name}: extension unavailable{f' ({ext_error})' if ext_error else ''}")
             break
@@ -221,7 +243,7 @@ def _override_problem(op: str, impl: str, features: CpuFeatures, avail) -> str:
     if op not in v.ops:
         return f"{impl} does not implement {op}"
     if not usable(v, features):
-        return f"CPU lacks {','.join(features.missing(v.requires)) or 'the architecture'}"
+        return f"CPU lacks {lacking(v, features)}"
     if avail is None or impl not in avail:
         return "not in the built extension"
     return ""

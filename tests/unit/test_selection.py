@@ -14,11 +14,16 @@ X86_AMX = CpuFeatures("x86_64", X86_AVX512_BF16.flags | {"amx_tile", "amx_bf16",
 ARM_NEON = CpuFeatures("aarch64", frozenset({"fp", "asimd"}))
 ARM_DOTPROD = CpuFeatures("aarch64", ARM_NEON.flags | {"asimddp"})
 ARM_BF16 = CpuFeatures("aarch64", ARM_DOTPROD.flags | {"i8mm", "bf16"})  # e.g. Apple M2: no SVE
-ARM_SVE_I8MM = CpuFeatures("aarch64", ARM_DOTPROD.flags | {"i8mm", "bf16", "sve", "sve2"}, sve_vector_bits=256)
+_SVE_BF16 = ARM_BF16.flags | {"sve", "sve2", "svebf16", "svei8mm"}
+ARM_SVE128 = CpuFeatures("aarch64", _SVE_BF16, sve_vector_bits=128)  # Neoverse N2/V2, Graviton4, Grace
+ARM_SVE256 = CpuFeatures("aarch64", _SVE_BF16, sve_vector_bits=256)  # Neoverse V1, Graviton3
+ARM_SVE512 = CpuFeatures("aarch64", _SVE_BF16, sve_vector_bits=512)  # QEMU max, no shipping server
+ARM_A64FX = CpuFeatures("aarch64", ARM_NEON.flags | {"sve"}, sve_vector_bits=512)  # SVE without bf16/dotprod
+ARM_SVE_I8MM = ARM_SVE256
 RISCV = CpuFeatures("riscv64", frozenset({"rv64imafdc"}))
 
 ALL_X86 = ("generic", "avx2", "avx512", "avx512_vnni", "avx512_bf16", "amx")
-ALL_ARM = ("generic", "neon", "neon_bf16", "dotprod", "i8mm", "sve")
+ALL_ARM = ("generic", "neon", "neon_bf16", "dotprod", "i8mm", "sve", "sve256")
 
 
 def _expect(op_impl: str, **per_op: str) -> dict[str, str]:
@@ -38,13 +43,16 @@ def _expect(op_impl: str, **per_op: str) -> dict[str, str]:
         (ARM_NEON, ALL_ARM, _expect("neon", w8a8_linear="generic")),
         (ARM_DOTPROD, ALL_ARM, _expect("neon", w8a8_linear="dotprod")),
         (ARM_BF16, ALL_ARM, _expect("neon_bf16", w8a8_linear="i8mm")),
-        (ARM_SVE_I8MM, ALL_ARM, _expect("sve", paged_attention="neon_bf16", linear="neon_bf16", w8a8_linear="i8mm")),
+        (ARM_SVE128, ALL_ARM, _expect("sve", paged_attention="neon_bf16", linear="neon_bf16", w8a8_linear="i8mm")),
+        (ARM_SVE256, ALL_ARM, _expect("sve256", w8a8_linear="i8mm")),
+        (ARM_SVE512, ALL_ARM, _expect("sve", paged_attention="neon_bf16", linear="neon_bf16", w8a8_linear="i8mm")),
+        (ARM_A64FX, ALL_ARM, _expect("sve", paged_attention="neon", linear="neon", w8a8_linear="generic")),
         (RISCV, ("generic",), _expect("generic", linear="torch-native", w8a8_linear="generic")),
         (X86_AVX512, None, _expect("torch-native")),
         (ARM_SVE_I8MM, None, _expect("torch-native")),
     ],
-    ids=["avx2", "avx512", "avx512_bf16", "amx", "neon", "dotprod", "bf16", "sve_i8mm", "riscv", "x86_noext",
-         "arm_noext"],
+    ids=["avx2", "avx512", "avx512_bf16", "amx", "neon", "dotprod", "bf16", "sve128", "sve256", "sve512", "a64fx",
+         "riscv", "x86_noext", "arm_noext"],
 )
 def test_documented_choice(features, available, expected):
     s = sel.select(features, available)
@@ -75,6 +83,41 @@ def test_override_parsing_and_all_torch_native():
     assert s.impl("rms_norm") == "avx512"
     s = sel.select(X86_AVX512, ALL_X86, "bogus=generic,rms_norm=nosuch")
     assert len(s.warnings) == 2 and s.impl("rms_norm") == "avx512"
+
+
+@pytest.mark.arm64
+def test_sve_length_pseudo_flag_follows_the_vector_length():
+    assert ARM_SVE256.has("sve256") and not ARM_SVE128.has("sve256") and ARM_SVE128.has("sve128")
+    # written by hand with the wrong length, or without SVE: dropped
+    assert not CpuFeatures("aarch64", frozenset({"asimd", "sve", "sve256"}), sve_vector_bits=128).has("sve256")
+    assert not CpuFeatures("aarch64", frozenset({"asimd", "sve256"}), sve_vector_bits=256).has("sve256")
+    assert "sve2" in ARM_SVE128.flags  # SVE2 is a real flag, not a length
+
+
+@pytest.mark.arm64
+@pytest.mark.parametrize("features", [ARM_SVE128, ARM_SVE512, ARM_A64FX, ARM_BF16], ids=["sve128", "sve512", "a64fx",
+                                                                                       "no_sve"])
+def test_sve256_refused_on_another_vector_length(features):
+    """Fixed 256-bit code on another length computes garbage (no SIGILL): never bound, even forced."""
+    s = sel.select(features, ALL_ARM, "*=sve256")
+    assert "sve256" not in s.as_dict().values()
+    assert s.as_dict() == sel.select(features, ALL_ARM).as_dict()
+    refused = [w for w in s.warnings if "sve256 refused (CPU lacks" in w]
+    assert len(refused) == len(sel.variant("sve256").ops)  # w8a8_linear: "does not implement"
+    if features.sve_vector_bits:
+        assert f"sve256 (SVE vector length {features.sve_vector_bits} bits, needs 256)" in refused[0]
+    reason = next(c.reason for c in s.choices if c.op == "paged_attention")
+    assert "sve256: CPU lacks" in reason
+    assert sel.select(ARM_SVE256, ALL_ARM, "*=sve256").impl("paged_attention") == "sve256"
+
+
+def test_sve256_needs_bf16_too():
+    no_bf16 = CpuFeatures("aarch64", ARM_DOTPROD.flags | {"sve"}, sve_vector_bits=256)
+    assert sel.select(no_bf16, ALL_ARM).as_dict() == _expect("sve", paged_attention="neon", linear="neon",
+                                                             w8a8_linear="dotprod")
+    s = sel.select(ARM_SVE256, ("generic", "neon", "neon_bf16", "sve"))  # built without sve256
+    assert s.as_dict() == _expect("sve", paged_attention="neon_bf16", linear="neon_bf16", w8a8_linear="generic")
+    assert any("sve256 usable on this CPU but the extension was built without it" in w for w in s.warnings)
 
 
 def test_variant_missing_from_build_warns_and_falls_back():
@@ -139,6 +182,9 @@ def test_variant_table_is_consistent():
         assert set(v.ops) <= set(sel.OPS)
         assert bool(v.source) == bool(v.ops), v.name
         assert "-march=native" not in v.cflags
+        for flag in v.cflags:  # fixed-length SVE code must require that length
+            if flag.startswith("-msve-vector-bits="):
+                assert f"sve{flag.split('=')[1]}" in v.requires, v.name
     for arch in ("x86_64", "aarch64", "riscv64"):
         assert any(v.name == "generic" for v in sel.buildable_variants(arch))
 
