@@ -22,6 +22,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--threads", type=int, default=None)
     g.add_argument("--no-adaptive-threads", action="store_true",
                    help="always use --threads (default: decode drops threads when other processes make fewer faster)")
+    g.add_argument("--decode-burst", type=int, default=4,
+                   help="greedy tokens a request decoding alone runs in one native call (1: one token a step)")
     g.add_argument("--kernels", default=None, help="kernel overrides, e.g. 'torch-native' or 'rms_norm=generic'")
     g.add_argument("--quantization", default=None, choices=["w8a8_int8"],
                    help="quantize linear layers at load time (pre-quantized checkpoints need no flag)")
@@ -44,6 +46,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         enable_prefix_caching=not args.no_prefix_caching,
         threads=args.threads,
         adaptive_threads=not args.no_adaptive_threads,
+        decode_burst=args.decode_burst,
         kernels=args.kernels,
         quantization=args.quantization,
         quantize_lm_head=args.quantize_lm_head,

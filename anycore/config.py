@@ -104,6 +104,10 @@ class EngineConfig:
     # decode steps use fewer than `threads` when that measures faster (other processes on the
     # cores; anycore/engine/thread_governor.py); False pins the count
     adaptive_threads: bool = True
+    # greedy tokens a request decoding alone may run in one native call (no Python between them;
+    # the engine checks stop conditions afterwards, so outputs are the same); 1 disables. A request
+    # arriving meanwhile waits at most this many tokens' time (anycore/engine/engine.py)
+    decode_burst: int = 4
     seed: int = 0
     kernels: str | None = None  # override string for the kernel table, e.g. "torch-native"
     quantization: str | None = None  # e.g. "w8a8_int8" (online); pre-quantized checkpoints say so themselves
@@ -126,6 +130,8 @@ class EngineConfig:
             raise ValueError(f"unknown scheduling policy {self.policy!r}; use 'fcfs' or 'lpm'")
         if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
             raise ValueError("max_num_seqs and max_num_batched_tokens must be >= 1")
+        if self.decode_burst < 1:
+            raise ValueError("decode_burst must be >= 1")
         if self.kv_cache_gb is not None and self.kv_cache_gb <= 0:
             raise ValueError("kv_cache_gb must be > 0")
         if self.quantize_lm_head and not self.quantization:

@@ -51,8 +51,8 @@ def measure_decode(engine: Engine, decode_tokens: int, rng: random.Random, batch
         produced += len(engine.step())
     t0 = time.perf_counter()
     produced = 0
-    while engine.has_unfinished():
-        produced += len(engine.step())
+    while engine.has_unfinished():  # (a step may return several tokens of a request: a decode burst)
+        produced += sum(len(o.new_token_ids) for o in engine.step())
     return produced / (time.perf_counter() - t0)
 
 

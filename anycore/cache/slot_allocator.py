@@ -18,7 +18,7 @@ class SlotAllocator:
             return None
         if n == 0:
             return []
-        taken = self._free[-n:]
+        taken = self._free[:-n - 1:-1]  # the order n single pops would give (ascending when fresh)
         del self._free[-n:]
         return taken
 

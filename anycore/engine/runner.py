@@ -13,7 +13,7 @@ from anycore.engine.sampler import sample_requests
 from anycore.engine.slot_rows import SlotRows
 from anycore.layers.forward_batch import ForwardBatch
 from anycore.scheduler.request import TokenLogprob
-from anycore.scheduler.scheduler import SchedulerOutput
+from anycore.scheduler.scheduler import ScheduledRequest, SchedulerOutput
 
 
 class KVPool:
@@ -143,6 +143,24 @@ class ModelRunner:
         sampled = dict(zip(ids, tokens.tolist()))
         lps = {i: lp for i, lp in zip(ids, logprobs) if lp is not None}
         return sampled, lps
+
+    def supports_decode_greedy(self) -> bool:
+        """Whether the model can run a decode burst natively (see decode_greedy)."""
+        can = getattr(self.model, "can_decode_greedy", None)
+        return bool(can and can())
+
+    @torch.inference_mode()
+    def decode_greedy(self, s: ScheduledRequest) -> list[int]:
+        """A decode burst (Scheduler.schedule_decode_burst): ``s.num_new_tokens`` greedy tokens
+        of one request in one native call, ``model.decode_greedy``."""
+        req = s.request
+        end = s.start + s.num_new_tokens
+        slot_row = torch.from_numpy(self.slot_rows.row(req)[:end])[None]
+        tokens = self.model.decode_greedy(req.all_token_ids[s.start], s.start, s.num_new_tokens, slot_row,
+                                          self.kv.k, self.kv.v)
+        if tokens is None:
+            raise RuntimeError("decode_greedy ran on a model that cannot (check supports_decode_greedy first)")
+        return tokens
 
     @torch.inference_mode()
     def prompt_logits(self, out: SchedulerOutput) -> torch.Tensor:

@@ -135,7 +135,7 @@ def argmax_rows(x: torch.Tensor) -> torch.Tensor:
     return x.argmax(dim=-1)
 
 
-def _plain_greedy(r: Request) -> bool:
+def plain_greedy(r: Request) -> bool:
     """Greedy, and nothing reads the logits beyond their argmax: no penalty, no logprobs, no
     EOS ban (before min_tokens)."""
     p = r.params
@@ -147,7 +147,7 @@ def sample_requests(logits: torch.Tensor, reqs: list[Request]) -> tuple[torch.Te
     """``sample`` for these requests (one logits row each). When every row is plain greedy the
     argmax is all ``sample`` would compute, so the SamplingBatch (a dozen small tensors and list
     scans, ~0.1 ms of a decode step) is not built."""
-    if all(map(_plain_greedy, reqs)):
+    if all(map(plain_greedy, reqs)):
         return argmax_rows(logits), [None] * len(reqs)
     return sample(logits, SamplingBatch.from_requests(reqs))
 

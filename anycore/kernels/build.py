@@ -59,7 +59,7 @@ _COMMON_FLAGS = ("-std=c++17", "-O3", "-fPIC", "-fopenmp", "-DNDEBUG", "-fno-mat
                  "-Wno-unknown-pragmas", "-fvisibility=hidden")
 
 
-TORCH_UNITS = ("common/ops.cpp", "common/decoder_layer.cpp", "common/decode_team.cpp")
+TORCH_UNITS = ("common/ops.cpp", "common/decoder_layer.cpp", "common/decode_team.cpp", "common/decode_greedy.cpp")
 
 
 @dataclass(frozen=True)

@@ -58,16 +58,17 @@ def select_ops(
     fns = {c.op: make_op(c.op, c.impl, ext) for c in sel.choices}
     native_index = {c.op: ext.variants.index(c.impl) for c in sel.choices
                     if ext is not None and c.impl in ext.variants}
-    fused = stack = stack_weights = None
+    fused = stack = stack_weights = greedy = None
     if all(op in native_index for op in FUSED_OPS):
         fused, stack, stack_weights = _bind_decoder_layer([native_index[op] for op in FUSED_OPS])
+        greedy = torch.ops.anycore.decode_greedy.default
     for c in sel.choices:
         log.info("kernel %s -> %s (%s)", c.op, c.impl, c.reason)
     log.info("kernel decoder_layer -> %s", "fused native" if fused else "unfused (some op is not native)")
     for w in sel.warnings:
         log.warning("kernels: %s", w)
     return KernelOps(**fns, decoder_layer=fused, decoder_stack=stack, stack_weights=stack_weights,
-                     native_index=native_index, choices=sel.as_dict(),
+                     decode_greedy=greedy, native_index=native_index, choices=sel.as_dict(),
                      reasons={c.op: c.reason for c in sel.choices})
 
 

@@ -43,6 +43,11 @@ class KernelOps:
     # layers' weights and variant indices concatenated; both bound exactly when decoder_layer is
     decoder_stack: Callable | None = None
     stack_weights: Callable | None = None
+    # decode_greedy(token, start, steps, embed, stack_weights, k_pool, v_pool, slot_row, cos_table,
+    # sin_table, final_norm, head, head_impl, num_heads, num_kv_heads, head_dim, eps, final_eps,
+    # scale) -> int64 [steps]: one request's greedy tokens, several in one native call
+    # (csrc/common/decode_greedy.cpp); bound with decoder_stack
+    decode_greedy: Callable | None = None
     # op name -> variant index in the extension, for native choices (the fused layer needs them)
     native_index: dict[str, int] = field(default_factory=dict)
     # op name -> human-readable implementation name (for logs and `anycore doctor`)

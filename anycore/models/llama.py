@@ -240,6 +240,50 @@ class LlamaForCausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)
 
+    def can_decode_greedy(self) -> bool:
+        """Whether ``decode_greedy`` can run: a native stack and head, a bf16 embedding table."""
+        return self._greedy_args() is not None
+
+    def decode_greedy(self, token: int, start: int, steps: int, slot_row: torch.Tensor, k_pool: torch.Tensor,
+                      v_pool: torch.Tensor) -> list[int] | None:
+        """The next ``steps`` greedy tokens of one request whose last token ``token`` sits at
+        position ``start``, in one native call (``ops.decode_greedy``: per token the forward, the
+        logits and their argmax, as ``forward``, ``compute_logits`` and the sampler run them);
+        ``slot_row`` int64 ``[1, >= start + steps]`` holds the request's KV slots by position.
+        None when this model cannot (see can_decode_greedy)."""
+        args = self._greedy_args()
+        if args is None:
+            return None
+        stack, head, head_impl = args
+        attn = self.layers[0].self_attn.attn
+        tokens = self.ops.decode_greedy(
+            token, start, steps, self.embed_tokens.weight, stack.native, k_pool, v_pool, slot_row, self.rotary.cos,
+            self.rotary.sin, self.norm.weight, head, head_impl, attn.num_heads, attn.num_kv_heads, attn.head_dim,
+            self.layers[0].input_layernorm.eps, self.norm.eps, attn.scale,
+        )
+        return tokens.tolist()
+
+    def _greedy_args(self) -> tuple[_FusedStack, list, int] | None:
+        """(stack, head tensors, head variant index) for ``ops.decode_greedy``, when the embedding
+        is a bf16 table, the layers run as one native stack and the head's multiply is native
+        (the head's tensors and kernel as LogitsHead.forward uses them)."""
+        ops, h, emb = self.ops, self.lm_head, self.embed_tokens
+        if ops.decode_greedy is None or emb.is_int8 or emb.weight.dtype != torch.bfloat16:
+            return None
+        if h.int8_kernel is not None:
+            impl = ops.native_index.get("w8a8_linear")
+            if impl is None or h.int8_kernel is not ops.w8a8_linear:
+                return None
+            head = [h.qweight_packed, h.w_scale, h.inv_smooth]
+        else:
+            impl = ops.native_index.get("linear")
+            weight = h.tied_to.weight if h.tied_to is not None else h.weight
+            if impl is None or h.matmul is not ops.linear or weight.dtype != torch.bfloat16 or not weight.is_contiguous():
+                return None
+            head = [weight]
+        stack = self._fused_stack(torch.bfloat16)
+        return None if stack is None else (stack, head, impl)
+
     def smooth_pairs(self) -> list[SmoothPair]:
         """Where activation smoothing can be folded (see anycore.layers.quant.smoothing)."""
         cfg = self.config

@@ -109,6 +109,37 @@ class Scheduler:
             budget -= n
         return out
 
+    def schedule_decode_burst(self, max_steps: int) -> ScheduledRequest | None:
+        """A decode of up to ``max_steps`` tokens with KV slots for all of them, when exactly one
+        request runs, it is decoding and nobody waits (the engine then runs them in one native
+        call, Engine._decode_burst); None otherwise or when slots are short. ``num_new_tokens``
+        is the burst's length: the positions whose KV it writes. Stops it cannot foresee (EOS,
+        stop strings) are applied afterwards by ``finish_burst``."""
+        if self.waiting or len(self.running) != 1:
+            return None
+        req = self.running[0]
+        if req.num_tokens - req.num_computed_tokens != 1 or not req.prefill_cached:
+            return None
+        n = min(max_steps, req.max_model_len - req.num_tokens)
+        if req.params.max_tokens is not None:
+            n = min(n, req.params.max_tokens - req.num_output_tokens)
+        slots = self.kv.allocate(n) if n >= 1 else None
+        if slots is None:
+            return None
+        req.slots.extend(slots)
+        return ScheduledRequest(req, req.num_computed_tokens, n, sample=True)
+
+    def finish_burst(self, s: ScheduledRequest, accepted: int, reason: str | None) -> None:
+        """Records a burst's first ``accepted`` tokens (already appended to the request) as
+        computed and ends the request with ``reason``, if any; the KV slots of tokens beyond a
+        stop are released with the rest."""
+        req = s.request
+        if req.is_finished:  # aborted while the burst ran
+            return
+        req.num_computed_tokens = s.start + accepted
+        if reason is not None:
+            self.finish(req, reason)
+
     def _next_waiting(self) -> Request:
         if self.policy == "lpm" and len(self.waiting) > 1:
             best = max(self.waiting, key=self.kv.prefix_match_len)

@@ -182,3 +182,66 @@ def test_abort_waiting_and_running():
     assert not s.has_unfinished()
     assert kv.allocator.num_free + kv.radix.total_size == 100
     assert kv.radix.protected_size == 0
+
+
+def _decoding(s: Scheduler, r: Request) -> Request:
+    """``r`` admitted, prefilled and holding its first output token."""
+    s.add(r)
+    run_step(s)
+    assert r.num_tokens - r.num_computed_tokens == 1
+    return r
+
+
+def test_decode_burst_for_a_request_decoding_alone():
+    s = Scheduler(KVCacheManager(100), max_num_batched_tokens=64, max_num_seqs=8)
+    r = _decoding(s, req("a", 5, max_tokens=10))
+    b = s.schedule_decode_burst(4)
+    assert (b.request, b.start, b.num_new_tokens, b.sample) == (r, 5, 4, True)
+    assert len(r.slots) == 5 + 4
+    for t in (11, 12, 13, 14):
+        r.append_token(t)
+    s.finish_burst(b, 4, None)
+    assert r.num_computed_tokens == 9 and not r.is_finished
+    check_slots(s)
+    # max_tokens caps the burst: 5 of 10 tokens out, so 4 + 1 are left
+    b = s.schedule_decode_burst(8)
+    assert b.num_new_tokens == 5
+
+
+def test_decode_burst_stop_releases_the_slots_past_it():
+    s = Scheduler(KVCacheManager(100), max_num_batched_tokens=64, max_num_seqs=8)
+    r = _decoding(s, req("a", 5, max_tokens=10))
+    free_before = s.kv.allocator.num_free
+    b = s.schedule_decode_burst(4)
+    r.append_token(11)
+    r.append_token(12)
+    s.finish_burst(b, 2, "stop")  # a stop at the burst's 2nd token: KV of 2 of its 4 positions
+    assert r.is_finished and r.num_computed_tokens == 7 and not s.running
+    # the prompt's and the two kept tokens' KV are in the prefix cache; the burst's other 2 slots
+    # are free again
+    assert len(set(s.kv.radix.all_slots())) == 7
+    assert s.kv.allocator.num_free == free_before - 2
+    check_slots(s)
+
+
+def test_decode_burst_only_when_alone_and_decoding():
+    s = Scheduler(KVCacheManager(100), max_num_batched_tokens=64, max_num_seqs=8)
+    assert s.schedule_decode_burst(4) is None  # nothing runs
+    s.add(req("a", 5))
+    assert s.schedule_decode_burst(4) is None  # waiting, not decoding
+    run_step(s)
+    s.add(req("b", 5, base=50))
+    assert s.schedule_decode_burst(4) is None  # somebody waits
+    run_step(s)
+    assert len(s.running) == 2 and s.schedule_decode_burst(4) is None  # two run
+    # the context length caps a burst: 6 tokens of an 8-token context, so 2 more at most
+    s2 = Scheduler(KVCacheManager(100), max_num_batched_tokens=64, max_num_seqs=8)
+    r = req("c", 5, max_tokens=100)
+    r.max_model_len = 8
+    _decoding(s2, r)
+    assert s2.schedule_decode_burst(4).num_new_tokens == 2
+    # no slots for the whole burst: no burst (a normal step may still fit)
+    s3 = Scheduler(KVCacheManager(7, enable_prefix_caching=False), max_num_batched_tokens=64, max_num_seqs=8)
+    _decoding(s3, req("d", 5, max_tokens=100))
+    assert s3.schedule_decode_burst(4) is None
+    assert s3.schedule_decode_burst(2).num_new_tokens == 2

@@ -1,0 +1,84 @@
+// One request's greedy decode, several tokens in one call: per token the embedding row,
+// decoder_stack (the decode team), the final norm, the logits head and the argmax, with no
+// Python between tokens.
+//
+// Why: a batch-1 bf16 step of SmolLM2-135M is ~13 ms, of which ~0.9 ms ran in Python (building
+// the step's tensors, the embedding and RoPE lookups, the final norm and head calls, the argmax,
+// the scheduler and the engine's bookkeeping): 7% of the step, the largest cost left besides
+// streaming the weights. The engine calls this only for a request decoding alone with plain
+// greedy sampling (anycore/engine/engine.py `_decode_burst`), and checks the stop conditions
+// on the returned tokens afterwards.
+//
+// Invariant: every token goes through the same ops, with the same inputs, as the engine's
+// one-token step (LlamaModel.forward, LogitsHead.forward, sampler.argmax_rows), so the tokens
+// are the ones single steps would produce (tests/kernels/test_decode_greedy.py).
+#include <cmath>
+#include <vector>
+
+#include "ops.h"
+
+namespace anycore::ops {
+namespace {
+
+// numpy's argmax (sampler.argmax_rows): the first NaN if any, else the first maximum
+int64_t first_argmax(const float* x, int64_t n) {
+  int64_t best = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (std::isnan(x[i])) return i;
+    if (x[i] > x[best]) best = i;
+  }
+  return best;
+}
+
+}  // namespace
+
+// head: [weight] (bf16 [vocab, hidden], the native `linear` variant head_impl) or
+// [packed, w_scale, inv_smooth or None] (W8A8, `w8a8_linear` variant head_impl, fp32 input).
+// slot_row: int64 [1, >= start + steps], the request's KV slots by position; the slots of
+// positions start .. start + steps - 1 are written.
+at::Tensor decode_greedy(int64_t token, int64_t start, int64_t steps, const at::Tensor& embed,
+                         const c10::intrusive_ptr<StackWeights>& stack, const at::Tensor& k_pool,
+                         const at::Tensor& v_pool, const at::Tensor& slot_row, const at::Tensor& cos_table,
+                         const at::Tensor& sin_table, const at::Tensor& final_norm,
+                         const c10::List<std::optional<at::Tensor>>& head, int64_t head_impl, int64_t num_heads,
+                         int64_t num_kv_heads, int64_t head_dim, double eps, double final_eps, double scale) {
+  TORCH_CHECK(steps >= 1 && start >= 0, "decode_greedy: steps >= 1 and start >= 0");
+  TORCH_CHECK(embed.dim() == 2 && embed.scalar_type() == at::kBFloat16, "decode_greedy: embed must be bf16 [vocab, hidden]");
+  TORCH_CHECK(slot_row.dim() == 2 && slot_row.size(0) == 1 && slot_row.scalar_type() == at::kLong &&
+                  slot_row.size(1) >= start + steps,
+              "decode_greedy: slot_row must be int64 [1, >= start + steps]");
+  TORCH_CHECK(cos_table.dim() == 2 && sin_table.sizes() == cos_table.sizes() && cos_table.size(0) >= start + steps,
+              "decode_greedy: cos/sin tables must cover positions up to start + steps");
+  const bool dense = head.size() == 1;
+  TORCH_CHECK(dense || head.size() == 3, "decode_greedy: head is [weight] or [packed, w_scale, inv_smooth]");
+  const int64_t vocab = embed.size(0);
+  const int64_t norm_impl = stack->op_impls[kOpAddRmsNorm];
+  const at::Tensor slots = slot_row.select(0, 0);
+  const at::Tensor q_start = at::arange(2, slot_row.options());
+  at::Tensor out = at::empty({steps}, slot_row.options());
+  int64_t* out_p = out.data_ptr<int64_t>();
+  for (int64_t i = 0; i < steps; ++i) {
+    const int64_t pos = start + i;
+    TORCH_CHECK(token >= 0 && token < vocab, "decode_greedy: token ", token, " outside the vocabulary");
+    at::Tensor hidden = embed.narrow(0, token, 1).clone();  // F.embedding's row, [1, hidden]
+    auto [h, res] = decoder_stack(hidden, stack, k_pool, v_pool, slots.narrow(0, pos, 1), cos_table.narrow(0, pos, 1),
+                                  sin_table.narrow(0, pos, 1), q_start, at::full({1}, pos + 1, slot_row.options()),
+                                  slot_row.narrow(1, 0, pos + 1), num_heads, num_kv_heads, head_dim, eps, scale);
+    at::Tensor normed = std::get<0>(add_rms_norm(h, res, final_norm, final_eps, norm_impl));
+    at::Tensor logits;
+    if (dense) {
+      logits = linear(normed, *head.get(0), std::nullopt, head_impl).to(at::kFloat);
+    } else {
+      at::Tensor x = normed.to(at::kFloat);
+      const std::optional<at::Tensor> inv = head.get(2);
+      if (inv.has_value() && inv->defined()) x = x * *inv;
+      logits = w8a8_linear(x, *head.get(0), *head.get(1), std::nullopt, head_impl);
+    }
+    TORCH_CHECK(logits.is_contiguous() && logits.scalar_type() == at::kFloat, "decode_greedy: head gave ", logits.sizes());
+    token = first_argmax(logits.data_ptr<float>(), logits.numel());
+    out_p[i] = token;
+  }
+  return out;
+}
+
+}  // namespace anycore::ops

@@ -1,0 +1,101 @@
+"""Decode bursts give exactly the tokens, text, stops and KV of one-token steps.
+
+csrc/common/decode_greedy.cpp runs several greedy tokens of a request decoding alone in one
+native call (embedding, decoder stack, final norm, logits head, argmax per token); the engine
+applies stops afterwards (anycore/engine/engine.py `_decode_burst`). Whatever the burst length,
+threads and Llama-family variant, dense or W8A8 (body, head), the outputs, finish reasons and the
+KV pool must equal those of `decode_burst=1`, and a stop inside a burst must leave no slot behind.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from anycore import LLM, SamplingParams
+from tests.models.test_tiny_models import _configs, write_checkpoint
+
+QUANT = {
+    "bf16": {},
+    "w8a8": {"quantization": "w8a8_int8"},
+    "w8a8-head": {"quantization": "w8a8_int8", "quantize_lm_head": True},
+}
+
+
+@pytest.fixture
+def restore_threads():
+    n = torch.get_num_threads()
+    yield
+    torch.set_num_threads(n)
+
+
+def _run(model_dir: str, burst: int, threads: int, quant: dict, params_list):
+    llm = LLM(model=model_dir, dtype="bfloat16", kv_cache_gb=0.01, threads=threads, decode_burst=burst, **quant)
+    engine = llm.engine
+    if burst > 1 and not engine.runner.supports_decode_greedy():
+        pytest.skip("no native decode burst here (extension unavailable or some op not native)")
+    results, steps = [], 0
+    for prompt, params in params_list:
+        engine.add_request(prompt, params)
+        tokens, text, reason = [], "", None
+        while engine.has_unfinished():
+            steps += 1
+            for o in engine.step():
+                tokens += o.new_token_ids
+                text += o.delta_text
+                reason = o.finish_reason
+        results.append((tokens, text, reason))
+    used = engine.kv.num_used
+    return results, engine.kv_pool.k.clone(), engine.kv_pool.v.clone(), used, steps
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("quant", sorted(QUANT))
+@pytest.mark.parametrize("name", sorted(_configs()))
+def test_bursts_equal_single_steps(tmp_path, tokenizer, restore_threads, name, quant, threads):
+    write_checkpoint(tmp_path, name, tokenizer)
+    runs = [([3 + i % 250 for i in range(40)], SamplingParams(temperature=0, max_tokens=11, ignore_eos=True)),
+            ([7, 8, 9], SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))]
+    one, k1, v1, used1, steps1 = _run(str(tmp_path), 1, threads, QUANT[quant], runs)
+    four, k4, v4, used4, steps4 = _run(str(tmp_path), 4, threads, QUANT[quant], runs)
+    assert four == one
+    assert torch.equal(k4, k1) and torch.equal(v4, v1) and used4 == used1
+    assert steps4 < steps1  # the bursts really ran (one step per token without them)
+
+
+@pytest.mark.parametrize("burst", [3, 8])
+def test_stops_inside_a_burst(tmp_path, tokenizer, restore_threads, burst):
+    """A stop token and a stop string in the middle of a burst end the request where single
+    steps end it, and the burst's KV slots past the stop are released."""
+    write_checkpoint(tmp_path, "llama-untied-llama3-rope", tokenizer)
+    prompt = [5 + i for i in range(20)]
+    free = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    (ref,), *_ = _run(str(tmp_path), 1, 2, {}, [(prompt, free)])
+    tokens, text, _ = ref
+    stop_token = tokens[4]
+    first = tokens.index(stop_token)
+    stop_text = tokenizer.decode(tokens[6:8]).strip()
+    runs = [(prompt, SamplingParams(temperature=0, max_tokens=12, stop_token_ids=[stop_token])),
+            (prompt, SamplingParams(temperature=0, max_tokens=12, stop=[stop_text] if stop_text else None))]
+    one, _, _, used1, _ = _run(str(tmp_path), 1, 2, {}, runs)
+    many, _, _, used_many, _ = _run(str(tmp_path), burst, 2, {}, runs)
+    assert many == one
+    assert one[0][0] == tokens[: first + 1] and one[0][2] == "stop"
+    assert used_many == used1  # only the prefix cache holds slots; nothing leaked past the stops
+
+
+def test_no_burst_when_it_cannot_be_exact(tmp_path, tokenizer, restore_threads):
+    """Logprobs, sampling and an int8 embedding table take one-token steps."""
+    write_checkpoint(tmp_path, "qwen2-qkv-bias", tokenizer)
+    llm = LLM(model=str(tmp_path), dtype="bfloat16", kv_cache_gb=0.01, threads=2, decode_burst=4,
+              quantization="w8a8_int8", quantize_lm_head=True, quantize_embedding=True)
+    assert not llm.engine.runner.supports_decode_greedy()
+    llm = LLM(model=str(tmp_path), dtype="bfloat16", kv_cache_gb=0.01, threads=2, decode_burst=4)
+    if not llm.engine.runner.supports_decode_greedy():
+        pytest.skip("no native decode burst here")
+    engine = llm.engine
+    for params in (SamplingParams(temperature=0, max_tokens=5, logprobs=1),
+                   SamplingParams(temperature=0.8, max_tokens=5, seed=1)):
+        engine.add_request([7, 8, 9], params)
+        while engine.has_unfinished():
+            assert all(len(o.new_token_ids) == 1 for o in engine.step())
