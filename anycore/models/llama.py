@@ -241,7 +241,7 @@ class LlamaForCausalLM(nn.Module):
         return self.lm_head(hidden)
 
     def can_decode_greedy(self) -> bool:
-        """Whether ``decode_greedy`` can run: a native stack and head, a bf16 embedding table."""
+        """Whether ``decode_greedy`` can run: the layers as one native stack, a native head."""
         return self._greedy_args() is not None
 
     def decode_greedy(self, token: int, start: int, steps: int, slot_row: torch.Tensor, k_pool: torch.Tensor,
@@ -254,21 +254,23 @@ class LlamaForCausalLM(nn.Module):
         args = self._greedy_args()
         if args is None:
             return None
-        stack, head, head_impl = args
+        stack, embed, head, impl = args
         attn = self.layers[0].self_attn.attn
+        vocab, hidden = embed[0].shape if len(embed) < 3 else self.embed_tokens.table_shape
         tokens = self.ops.decode_greedy(
-            token, start, steps, self.embed_tokens.weight, stack.native, k_pool, v_pool, slot_row, self.rotary.cos,
-            self.rotary.sin, self.norm.weight, head, head_impl, attn.num_heads, attn.num_kv_heads, attn.head_dim,
+            token, start, steps, embed, impl, vocab, hidden, stack.native, k_pool, v_pool, slot_row, self.rotary.cos,
+            self.rotary.sin, self.norm.weight, head, impl, attn.num_heads, attn.num_kv_heads, attn.head_dim,
             self.layers[0].input_layernorm.eps, self.norm.eps, attn.scale,
         )
         return tokens.tolist()
 
-    def _greedy_args(self) -> tuple[_FusedStack, list, int] | None:
-        """(stack, head tensors, head variant index) for ``ops.decode_greedy``, when the embedding
-        is a bf16 table, the layers run as one native stack and the head's multiply is native
-        (the head's tensors and kernel as LogitsHead.forward uses them)."""
+    def _greedy_args(self) -> tuple[_FusedStack, list, list, int] | None:
+        """(stack, embedding tensors, head tensors, variant index of the head's kernel) for
+        ``ops.decode_greedy``: the tensors VocabEmbedding.forward and LogitsHead.forward use, when
+        the activations are bf16, the layers run as one native stack and the head's multiply is
+        native (a tied int8 table is read through the head's kernel too)."""
         ops, h, emb = self.ops, self.lm_head, self.embed_tokens
-        if ops.decode_greedy is None or emb.is_int8 or emb.weight.dtype != torch.bfloat16:
+        if ops.decode_greedy is None or emb.dtype != torch.bfloat16:
             return None
         if h.int8_kernel is not None:
             impl = ops.native_index.get("w8a8_linear")
@@ -281,8 +283,16 @@ class LlamaForCausalLM(nn.Module):
             if impl is None or h.matmul is not ops.linear or weight.dtype != torch.bfloat16 or not weight.is_contiguous():
                 return None
             head = [weight]
+        if emb.shared_head is not None:
+            if emb.shared_head is not h:
+                return None
+            embed = head
+        elif emb.is_int8:
+            embed = [emb.qweight, emb.row_scale]
+        else:
+            embed = [emb.weight]
         stack = self._fused_stack(torch.bfloat16)
-        return None if stack is None else (stack, head, impl)
+        return None if stack is None else (stack, embed, head, impl)
 
     def smooth_pairs(self) -> list[SmoothPair]:
         """Where activation smoothing can be folded (see anycore.layers.quant.smoothing)."""

@@ -30,20 +30,44 @@ int64_t first_argmax(const float* x, int64_t n) {
   return best;
 }
 
+// The token's row of the embedding table, as VocabEmbedding.forward computes it: a bf16 table
+// [weight]; int8 rows [qweight, row_scale]; or the rows of a tied int8 head
+// [packed, w_scale, inv_smooth or None] (variant impl's packed layout, table [vocab, hidden]).
+at::Tensor embedding_row(const c10::List<std::optional<at::Tensor>>& embed, int64_t impl, int64_t vocab,
+                         int64_t hidden, const at::Tensor& ids) {
+  const at::Tensor first = *embed.get(0);
+  if (embed.size() == 1) return first.index_select(0, ids);
+  if (embed.size() == 2) {
+    return (first.index_select(0, ids).to(at::kFloat) * embed.get(1)->index_select(0, ids).unsqueeze(1))
+        .to(at::kBFloat16);
+  }
+  at::Tensor rows = int8_unpack(first, vocab, hidden, impl, ids).to(at::kFloat);
+  rows.mul_(embed.get(1)->index_select(0, ids).unsqueeze(1));
+  const std::optional<at::Tensor> inv = embed.get(2);
+  if (inv.has_value() && inv->defined()) rows.mul_(*inv);
+  return rows.to(at::kBFloat16);
+}
+
 }  // namespace
 
-// head: [weight] (bf16 [vocab, hidden], the native `linear` variant head_impl) or
+// embed: see embedding_row (embed_impl: the packed head's variant, for the tied int8 rows);
+// vocab x hidden is the table's shape. head: [weight] (bf16 [vocab, hidden], the native `linear` variant head_impl) or
 // [packed, w_scale, inv_smooth or None] (W8A8, `w8a8_linear` variant head_impl, fp32 input).
 // slot_row: int64 [1, >= start + steps], the request's KV slots by position; the slots of
 // positions start .. start + steps - 1 are written.
-at::Tensor decode_greedy(int64_t token, int64_t start, int64_t steps, const at::Tensor& embed,
+at::Tensor decode_greedy(int64_t token, int64_t start, int64_t steps, const c10::List<std::optional<at::Tensor>>& embed,
+                         int64_t embed_impl, int64_t vocab, int64_t hidden_size,
                          const c10::intrusive_ptr<StackWeights>& stack, const at::Tensor& k_pool,
                          const at::Tensor& v_pool, const at::Tensor& slot_row, const at::Tensor& cos_table,
                          const at::Tensor& sin_table, const at::Tensor& final_norm,
                          const c10::List<std::optional<at::Tensor>>& head, int64_t head_impl, int64_t num_heads,
                          int64_t num_kv_heads, int64_t head_dim, double eps, double final_eps, double scale) {
   TORCH_CHECK(steps >= 1 && start >= 0, "decode_greedy: steps >= 1 and start >= 0");
-  TORCH_CHECK(embed.dim() == 2 && embed.scalar_type() == at::kBFloat16, "decode_greedy: embed must be bf16 [vocab, hidden]");
+  TORCH_CHECK(embed.size() >= 1 && embed.size() <= 3 && embed.get(0).has_value(),
+              "decode_greedy: embed is [weight], [qweight, row_scale] or [packed, w_scale, inv_smooth]");
+  TORCH_CHECK(embed.size() != 1 || (embed.get(0)->scalar_type() == at::kBFloat16 && embed.get(0)->dim() == 2 &&
+                                    embed.get(0)->size(0) == vocab && embed.get(0)->size(1) == hidden_size),
+              "decode_greedy: a float embedding table must be bf16 [vocab, hidden]");
   TORCH_CHECK(slot_row.dim() == 2 && slot_row.size(0) == 1 && slot_row.scalar_type() == at::kLong &&
                   slot_row.size(1) >= start + steps,
               "decode_greedy: slot_row must be int64 [1, >= start + steps]");
@@ -51,7 +75,6 @@ at::Tensor decode_greedy(int64_t token, int64_t start, int64_t steps, const at::
               "decode_greedy: cos/sin tables must cover positions up to start + steps");
   const bool dense = head.size() == 1;
   TORCH_CHECK(dense || head.size() == 3, "decode_greedy: head is [weight] or [packed, w_scale, inv_smooth]");
-  const int64_t vocab = embed.size(0);
   const int64_t norm_impl = stack->op_impls[kOpAddRmsNorm];
   const at::Tensor slots = slot_row.select(0, 0);
   const at::Tensor q_start = at::arange(2, slot_row.options());
@@ -60,7 +83,7 @@ at::Tensor decode_greedy(int64_t token, int64_t start, int64_t steps, const at::
   for (int64_t i = 0; i < steps; ++i) {
     const int64_t pos = start + i;
     TORCH_CHECK(token >= 0 && token < vocab, "decode_greedy: token ", token, " outside the vocabulary");
-    at::Tensor hidden = embed.narrow(0, token, 1).clone();  // F.embedding's row, [1, hidden]
+    at::Tensor hidden = embedding_row(embed, embed_impl, vocab, hidden_size, at::full({1}, token, slot_row.options()));
     auto [h, res] = decoder_stack(hidden, stack, k_pool, v_pool, slots.narrow(0, pos, 1), cos_table.narrow(0, pos, 1),
                                   sin_table.narrow(0, pos, 1), q_start, at::full({1}, pos + 1, slot_row.options()),
                                   slot_row.narrow(1, 0, pos + 1), num_heads, num_kv_heads, head_dim, eps, scale);

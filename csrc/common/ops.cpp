@@ -345,7 +345,7 @@ TORCH_LIBRARY(anycore, m) {
         "Tensor slot_table, int num_heads, int num_kv_heads, int head_dim, float eps, float scale) -> (Tensor, Tensor)",
         &decoder_stack);
   m.def("decode_team_steps() -> int", &decode_team_steps);
-  m.def("decode_greedy(int token, int start, int steps, Tensor embed, "
+  m.def("decode_greedy(int token, int start, int steps, Tensor?[] embed, int embed_impl, int vocab, int hidden_size, "
         "__torch__.torch.classes.anycore.StackWeights weights, Tensor k_pool, Tensor v_pool, Tensor slot_row, "
         "Tensor cos_table, Tensor sin_table, Tensor final_norm, Tensor?[] head, int head_impl, int num_heads, "
         "int num_kv_heads, int head_dim, float eps, float final_eps, float scale) -> Tensor",

@@ -43,6 +43,9 @@ inline int64_t attention_splits(int64_t num_items, int64_t max_q, int64_t max_le
   return std::max<int64_t>(1, std::min((2 * threads + num_items - 1) / num_items, max_len / (4 * kKeyBlock)));
 }
 
+at::Tensor int8_unpack(const at::Tensor& packed, int64_t n, int64_t k, int64_t impl,
+                       const std::optional<at::Tensor>& rows);  // rows (all: nullopt) of a packed weight
+
 // The int8 kernels of variant `impl` (generic's when it has none): what packed its weights.
 const Int8Kernels& int8_table(int64_t impl);
 
@@ -72,7 +75,8 @@ int64_t decode_team_steps();
 
 // decode_greedy.cpp: `steps` greedy tokens of one request after `token` at position `start`
 // (embedding, decoder_stack, final norm, logits head, argmax per token; see there).
-at::Tensor decode_greedy(int64_t token, int64_t start, int64_t steps, const at::Tensor& embed,
+at::Tensor decode_greedy(int64_t token, int64_t start, int64_t steps, const c10::List<std::optional<at::Tensor>>& embed,
+                         int64_t embed_impl, int64_t vocab, int64_t hidden_size,
                          const c10::intrusive_ptr<StackWeights>& stack, const at::Tensor& k_pool,
                          const at::Tensor& v_pool, const at::Tensor& slot_row, const at::Tensor& cos_table,
                          const at::Tensor& sin_table, const at::Tensor& final_norm,

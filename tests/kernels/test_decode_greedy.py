@@ -3,7 +3,8 @@
 csrc/common/decode_greedy.cpp runs several greedy tokens of a request decoding alone in one
 native call (embedding, decoder stack, final norm, logits head, argmax per token); the engine
 applies stops afterwards (anycore/engine/engine.py `_decode_burst`). Whatever the burst length,
-threads and Llama-family variant, dense or W8A8 (body, head), the outputs, finish reasons and the
+threads and Llama-family variant, dense or W8A8 (body, head, embedding table: its own int8 rows
+when untied, the int8 head's rows when tied), the outputs, finish reasons and the
 KV pool must equal those of `decode_burst=1`, and a stop inside a burst must leave no slot behind.
 """
 
@@ -19,6 +20,7 @@ QUANT = {
     "bf16": {},
     "w8a8": {"quantization": "w8a8_int8"},
     "w8a8-head": {"quantization": "w8a8_int8", "quantize_lm_head": True},
+    "w8a8-head-embed": {"quantization": "w8a8_int8", "quantize_lm_head": True, "quantize_embedding": True},
 }
 
 
@@ -85,11 +87,8 @@ def test_stops_inside_a_burst(tmp_path, tokenizer, restore_threads, burst):
 
 
 def test_no_burst_when_it_cannot_be_exact(tmp_path, tokenizer, restore_threads):
-    """Logprobs, sampling and an int8 embedding table take one-token steps."""
+    """Logprobs and sampling take one-token steps."""
     write_checkpoint(tmp_path, "qwen2-qkv-bias", tokenizer)
-    llm = LLM(model=str(tmp_path), dtype="bfloat16", kv_cache_gb=0.01, threads=2, decode_burst=4,
-              quantization="w8a8_int8", quantize_lm_head=True, quantize_embedding=True)
-    assert not llm.engine.runner.supports_decode_greedy()
     llm = LLM(model=str(tmp_path), dtype="bfloat16", kv_cache_gb=0.01, threads=2, decode_burst=4)
     if not llm.engine.runner.supports_decode_greedy():
         pytest.skip("no native decode burst here")
