@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from anycore.platform import selection
-from anycore.platform.features import CpuFeatures, detect
+from anycore.platform.features import CpuFeatures, detect, is_sve_length_flag, sve_length_flag
 
 # Flags worth showing (everything else in /proc/cpuinfo is noise for an inference engine).
 _SHOWN = {
@@ -41,7 +41,12 @@ def run_doctor(features: CpuFeatures | None = None, overrides: str | None = None
     if lacking:
         lines.append(f"lacking   {' '.join(lacking)}")
     if f.sve_vector_bits:
-        lines.append(f"SVE       {f.sve_vector_bits}-bit vectors")
+        # variants compiled for one SVE length (an sve<bits> pseudo-flag in their requirements)
+        own = sve_length_flag(f.sve_vector_bits)
+        fixed = [v for v in selection.variants_for_arch(f.arch) if any(map(is_sve_length_flag, v.requires))]
+        notes = [f"{v.name}: for this length" if own in v.requires else f"{v.name}: not used, built for another length"
+                 for v in fixed]
+        lines.append(f"SVE       {f.sve_vector_bits}-bit vectors" + (f" ({'; '.join(notes)})" if notes else ""))
     warnings: list[str] = list(f.notes)
 
     ext = load_extension()
@@ -82,6 +87,10 @@ def run_doctor(features: CpuFeatures | None = None, overrides: str | None = None
                         "or expect cross-node memory traffic")
     if f.has("amx_tile") and not any(v.ops for v in selection.VARIANTS if v.name == "amx"):
         warnings.append("AMX present, but no AMX kernels exist yet (bf16 GEMM goes through torch/oneDNN)")
+    if f.arch == "aarch64" and sel.impl("linear") not in (selection.TORCH_NATIVE, selection.REFERENCE):
+        warnings.append(f"linear runs on {sel.impl('linear')} so that bf16 decode is one native call; it was "
+                        "not timed against torch's oneDNN/ACL on Arm hardware (compare with "
+                        "ANYCORE_KERNELS=linear=torch-native)")
     if f.arch not in ("x86_64", "aarch64"):
         warnings.append(f"architecture {f.arch}: only the portable generic kernels apply")
 

@@ -317,10 +317,10 @@ fi
 # and the SVE vector length in bits (0: no SVE).
 expect_for() {
   case "$1" in
-    max*sve-default-vector-length=16*) echo "asimd,asimddp,i8mm,bf16,sve,sve2 128" ;;
-    max*sve-default-vector-length=32*) echo "asimd,asimddp,i8mm,bf16,sve,sve2 256" ;;
-    max*sve-default-vector-length=64*) echo "asimd,asimddp,i8mm,bf16,sve,sve2 512" ;;
-    max*) echo "asimd,asimddp,i8mm,bf16,sve,sve2 512" ;;
+    max*sve-default-vector-length=16*) echo "asimd,asimddp,i8mm,bf16,sve,sve2,svebf16 128" ;;
+    max*sve-default-vector-length=32*) echo "asimd,asimddp,i8mm,bf16,sve,sve2,svebf16 256" ;;
+    max*sve-default-vector-length=64*) echo "asimd,asimddp,i8mm,bf16,sve,sve2,svebf16 512" ;;
+    max*) echo "asimd,asimddp,i8mm,bf16,sve,sve2,svebf16 512" ;;
     neoverse-n1*) echo "asimd,asimddp 0" ;;
     a64fx*) echo "asimd,sve 512" ;;
     cortex-a72* | cortex-a57* | cortex-a53*) echo "asimd 0" ;;

@@ -28,11 +28,11 @@ pytestmark = [
 ]
 
 # The features the kernels and the selection table care about.
-ARM_FEATURES = ("asimd", "asimddp", "i8mm", "bf16", "sve", "sve2")
+ARM_FEATURES = ("asimd", "asimddp", "i8mm", "bf16", "sve", "sve2", "svebf16")
 # Linux arm64 uapi hwcap bits, written out again here so that the test does not trust the
 # table it checks.
 HWCAP = {"asimd": 1 << 1, "asimddp": 1 << 20, "sve": 1 << 22}
-HWCAP2 = {"sve2": 1 << 1, "i8mm": 1 << 13, "bf16": 1 << 14}
+HWCAP2 = {"sve2": 1 << 1, "svebf16": 1 << 12, "i8mm": 1 << 13, "bf16": 1 << 14}
 
 
 def _expected() -> frozenset[str] | None:
@@ -113,3 +113,23 @@ def test_selection_never_picks_a_variant_the_cpu_lacks():
             assert features.has(*variant.requires), f"{op} -> {impl} needs {variant.requires}"
     if "sve" not in features.flags:
         assert "sve" not in chosen.values()
+    if features.sve_vector_bits != 256:  # fixed 256-bit code: wrong results elsewhere, not SIGILL
+        assert "sve256" not in chosen.values()
+
+
+def test_bf16_and_sve256_variants_are_chosen_where_they_apply():
+    """neon_bf16 on every CPU with bf16, sve256 where SVE is 256 bits wide (QEMU max with
+    sve-default-vector-length=32); the lane's kernel tests then run those variants."""
+    features = detect()
+    chosen = selection.select(features, [v.name for v in selection.buildable_variants("aarch64")]).as_dict()
+    if features.sve_vector_bits == 256 and features.has("bf16", "svebf16"):
+        expected = "sve256"
+    elif features.has("bf16"):
+        expected = "neon_bf16"
+    else:
+        expected = "neon"
+    assert chosen["linear"] == chosen["paged_attention"] == expected
+    if expected == "sve256":
+        assert chosen["rms_norm"] == chosen["silu_and_mul"] == "sve256"
+    elif "sve" in features.flags:
+        assert chosen["rms_norm"] == chosen["silu_and_mul"] == "sve"  # vector-length agnostic

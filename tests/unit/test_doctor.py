@@ -23,3 +23,21 @@ def test_doctor_with_injected_cpu_and_override():
     assert "FakeCPU" in report and "NUMA" in report
     line = next(ln for ln in report.splitlines() if ln.strip().startswith("paged_attention"))
     assert "torch-native" in line and "forced by override" in line
+
+
+@pytest.mark.arm64
+def test_doctor_on_arm_reports_the_sve_length_and_the_untimed_linear():
+    from anycore.kernels.build import load_extension
+
+    sve128 = CpuFeatures("aarch64", frozenset({"asimd", "asimddp", "bf16", "sve", "svebf16"}), sve_vector_bits=128)
+    report = run_doctor(sve128)
+    assert "SVE       128-bit vectors (sve256: not used, built for another length)" in report
+    for op in ("paged_attention", "linear"):
+        line = next(ln for ln in report.splitlines() if ln.strip().startswith(op))
+        assert "sve256: CPU lacks sve256 (SVE vector length 128 bits, needs 256)" in line
+    ext = load_extension()
+    if ext.available and ext.arch == "aarch64":  # on Arm the injected CPU gets the real extension
+        assert "linear           neon_bf16" in report
+        assert "not timed against torch's oneDNN/ACL on Arm hardware" in report
+    sve256 = CpuFeatures("aarch64", sve128.flags, sve_vector_bits=256)
+    assert "SVE       256-bit vectors (sve256: for this length)" in run_doctor(sve256)
