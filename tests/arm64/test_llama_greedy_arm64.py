@@ -1,7 +1,8 @@
 """A tiny random-weight Llama generates the same greedy tokens through anycore as through
 transformers. Small enough for the emulated Arm64 lane (hidden 64, 2 layers, fp32), and run on
 every architecture: the point is the whole path (loader, layers, kernels picked for this CPU,
-runner, sampler), not speed.
+runner, sampler), not speed. In bf16 the same model checks the fused native decode (one
+decoder_stack call per step, the decode team at batch 1) against the op-by-op path.
 """
 
 from __future__ import annotations
@@ -154,3 +155,60 @@ def test_greedy_tokens_match_transformers(tiny_llama):
     outputs = llm.generate(prompts, SamplingParams(max_tokens=MAX_TOKENS, temperature=0))
     got = [list(o.token_ids) for o in outputs]
     assert got == refs
+
+
+def _bf16_decode(path, prompts, mode: str, monkeypatch):
+    """Greedy bf16 generation, each prompt alone (batch-1 decode steps), in one of three modes:
+    "team" (decoder_stack, its batch-1 steps in the decode team), "stack" (decoder_stack with
+    ANYCORE_DECODE_TEAM=0) or "off" (op by op from Python). Returns the outputs, the KV pool and
+    how many team steps and decoder_stack calls ran."""
+    import dataclasses
+
+    LLM, SamplingParams = _llm_api()
+    if mode == "stack":
+        monkeypatch.setenv("ANYCORE_DECODE_TEAM", "0")  # read by the native code at each call
+    else:
+        monkeypatch.delenv("ANYCORE_DECODE_TEAM", raising=False)
+    llm = LLM(model=str(path), dtype="bfloat16", kv_cache_gb=0.01)
+    ops, model = llm.engine.ops, llm.engine.model
+    if ops.decoder_stack is None or "linear" not in ops.native_index:
+        pytest.skip("no native decoder stack with a native linear here (extension unavailable or an op not native)")
+    calls = [0]
+    if mode == "off":
+        model.ops = dataclasses.replace(model.ops, decoder_stack=None)
+        model._stack = None
+        for layer in model.layers:
+            layer.ops = dataclasses.replace(layer.ops, decoder_layer=None)
+            layer._fused = None
+    else:
+        def counted(*args, stack=ops.decoder_stack):
+            calls[0] += 1
+            return stack(*args)
+
+        model.ops = dataclasses.replace(model.ops, decoder_stack=counted)
+        model._stack = None
+    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True, logprobs=2)
+    before = torch.ops.anycore.decode_team_steps()
+    outs = [llm.generate([p], params)[0].outputs[0] for p in prompts]
+    team_steps = torch.ops.anycore.decode_team_steps() - before
+    pool = llm.engine.kv_pool
+    return [(o.token_ids, o.logprobs) for o in outs], pool.k.clone(), pool.v.clone(), team_steps, calls[0]
+
+
+def test_bf16_decode_is_one_native_call(tiny_llama, monkeypatch):
+    """bf16 with the native linear (on Arm: neon, neon_bf16 or sve256, whichever this CPU picks):
+    every projection has a native multiply, so the whole model runs as one native call per step
+    (decoder_stack) and batch-1 decode steps in the decode team. Tokens, logprobs and the KV pool
+    must equal the op-by-op path's bit for bit, as tests/kernels/test_decode_team.py asserts on x86."""
+    path, prompts, _ = tiny_llama
+    team, k_team, v_team, team_steps, team_calls = _bf16_decode(path, prompts, "team", monkeypatch)
+    stack, k_stack, v_stack, stack_steps, stack_calls = _bf16_decode(path, prompts, "stack", monkeypatch)
+    off, k_off, v_off, off_steps, off_calls = _bf16_decode(path, prompts, "off", monkeypatch)
+    # each mode really took its path
+    assert team_steps > 0 and team_calls > 0
+    assert stack_steps == 0 and stack_calls > 0
+    assert off_steps == 0 and off_calls == 0
+    assert all(len(tokens) == MAX_TOKENS for tokens, _ in off)
+    assert team == off and stack == off
+    assert torch.equal(k_team, k_off) and torch.equal(v_team, v_off)
+    assert torch.equal(k_stack, k_off) and torch.equal(v_stack, v_off)
