@@ -29,8 +29,9 @@ std::optional<at::Tensor> optional(const Weights& w, int64_t i) {
 }
 
 // One projection. W8A8 when it has a scale; dense otherwise, on the native GEMV only for bf16
-// with at most 4 rows (where it beats oneDNN: the same rule as `linear` in kernels/dispatch.py,
-// NATIVE_LINEAR_MAX_ROWS), at::linear (oneDNN) for everything else or when impl < 0.
+// with at most 4 rows (measured faster than oneDNN there on x86; on Arm chosen so decode runs as
+// one native call, not timed: the same rule as `linear` in kernels/dispatch.py,
+// NATIVE_LINEAR_MAX_ROWS), at::linear for everything else or when impl < 0.
 at::Tensor project(const at::Tensor& x, const Weights& w, int64_t first, int64_t impl) {
   at::Tensor weight = required(w, first);
   std::optional<at::Tensor> scale = optional(w, first + 1), bias = optional(w, first + 2);
