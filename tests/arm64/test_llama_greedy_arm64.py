@@ -212,3 +212,32 @@ def test_bf16_decode_is_one_native_call(tiny_llama, monkeypatch):
     assert team == off and stack == off
     assert torch.equal(k_team, k_off) and torch.equal(v_team, v_off)
     assert torch.equal(k_stack, k_off) and torch.equal(v_stack, v_off)
+
+
+def test_bf16_decode_bursts_equal_single_steps(tiny_llama):
+    """Plain greedy bf16 decode of a request alone runs in bursts of native calls
+    (csrc/common/decode_greedy.cpp, on Arm through the Arm kernels this CPU picks): tokens,
+    text and the KV pool equal one-token steps' (tests/kernels/test_decode_greedy.py on x86)."""
+    LLM, SamplingParams = _llm_api()
+    path, prompts, _ = tiny_llama
+    results = []
+    for burst in (1, 4):
+        llm = LLM(model=str(path), dtype="bfloat16", kv_cache_gb=0.01, decode_burst=burst)
+        engine = llm.engine
+        if burst > 1 and not engine.runner.supports_decode_greedy():
+            pytest.skip("no native decode burst here (extension unavailable or an op not native)")
+        outs, steps = [], 0
+        for p in prompts:
+            engine.add_request(p, SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True))
+            tokens, text = [], ""
+            while engine.has_unfinished():
+                steps += 1
+                for o in engine.step():
+                    tokens += o.new_token_ids
+                    text += o.delta_text
+            outs.append((tokens, text))
+        results.append((outs, engine.kv_pool.k.clone(), engine.kv_pool.v.clone(), steps))
+    (one, k1, v1, steps1), (four, k4, v4, steps4) = results
+    assert all(len(tokens) == MAX_TOKENS for tokens, _ in one)
+    assert four == one and steps4 < steps1
+    assert torch.equal(k4, k1) and torch.equal(v4, v1)
