@@ -33,7 +33,7 @@ from anycore.loader import open_model_source
 from anycore.models import build_model
 from anycore.outputs import StepOutput
 from anycore.sampling_params import SamplingParams
-from anycore.scheduler.request import Request
+from anycore.scheduler.request import Request, TokenLogprob
 from anycore.scheduler.scheduler import ScheduledRequest, Scheduler, SchedulerOutput
 
 log = logging.getLogger("anycore")
@@ -201,21 +201,7 @@ class Engine:
             detok.add([token])
             if detok.stopped and not req.is_finished:
                 self.scheduler.finish(req, "stop")
-            finished = req.is_finished
-            results.append(StepOutput(
-                request_id=rid,
-                new_token_ids=[token],
-                delta_text=detok.delta(final=finished),
-                finished=finished,
-                finish_reason=req.finish_reason,
-                new_logprobs=[lp] if lp is not None else [],
-                num_prompt_tokens=req.num_prompt_tokens,
-                num_output_tokens=req.num_output_tokens,
-                num_cached_tokens=req.num_cached_tokens,
-            ))
-            if finished:
-                del self._requests[rid]
-                del self._detok[rid]
+            results.append(self._output(req, [token], [lp] if lp is not None else []))
         return results
 
     def _decode_burst(self) -> list[StepOutput] | None:
@@ -260,14 +246,20 @@ class Engine:
             if reason is not None:
                 break
         sched.finish_burst(s, len(accepted), reason)
+        return [self._output(req, accepted, [])]
+
+    def _output(self, req: Request, tokens: list[int], logprobs: list[TokenLogprob]) -> StepOutput:
+        """What a step gave ``req`` (its new tokens, already detokenized); a finished request's
+        engine state goes with it."""
+        rid = req.request_id
         finished = req.is_finished
         out = StepOutput(
             request_id=rid,
-            new_token_ids=accepted,
-            delta_text=detok.delta(final=finished),
+            new_token_ids=tokens,
+            delta_text=self._detok[rid].delta(final=finished),
             finished=finished,
             finish_reason=req.finish_reason,
-            new_logprobs=[],
+            new_logprobs=logprobs,
             num_prompt_tokens=req.num_prompt_tokens,
             num_output_tokens=req.num_output_tokens,
             num_cached_tokens=req.num_cached_tokens,
@@ -275,7 +267,7 @@ class Engine:
         if finished:
             del self._requests[rid]
             del self._detok[rid]
-        return [out]
+        return out
 
     def output_text(self, request_id: str) -> str:
         return self._detok[request_id].text
