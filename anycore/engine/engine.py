@@ -230,8 +230,7 @@ class Engine:
         tokens = self.runner.decode_greedy(s)
         if gov is not None:
             gov.observe(1, (time.perf_counter() - t0) / len(tokens))
-        if req.is_finished:  # aborted while the burst ran
-            sched.finish_burst(s, 0, None)
+        if req.is_finished:  # aborted while the burst ran (its KV went with it)
             return []
         rid = req.request_id
         detok = self._detok[rid]

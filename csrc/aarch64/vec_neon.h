@@ -145,17 +145,6 @@ struct VecNeon {
     if (i < n) acc[3] = vbfdotq_f32(acc[3], ld_bf16_n(a + i, n - i), ld_bf16_n(b + i, n - i));
     return vaddvq_f32(vaddq_f32(vaddq_f32(acc[0], acc[1]), vaddq_f32(acc[2], acc[3])));
   }
-  // res[i * 4 + r] = dot(x + i * xs, w + r * k) for i < mr <= 4, r < nr <= 4: each weight
-  // vector is loaded once for all mr activation rows (small-batch GEMM reads W once).
-  static void dot_tile_bf16(const bf16* x, int64_t xs, int64_t mr, const bf16* w, int64_t k, int64_t nr,
-                            float* res) {
-    switch (mr) {
-      case 1: return dot_tile<1>(x, xs, w, k, nr, res);
-      case 2: return dot_tile<2>(x, xs, w, k, nr, res);
-      case 3: return dot_tile<3>(x, xs, w, k, nr, res);
-      default: return dot_tile<4>(x, xs, w, k, nr, res);
-    }
-  }
   template <bool kTail>
   static bfloat16x8_t ld_step(const bf16* p, int64_t n) {
     if constexpr (kTail) {
@@ -178,6 +167,9 @@ struct VecNeon {
       for (int r = 0; r < 4; ++r) acc[i][r] = vbfdotq_f32(acc[i][r], xv, wv[r]);
     }
   }
+  // res[i * 4 + r] = dot(x + i * xs, w + r * k) for i < MR <= 4, r < nr <= 4: each weight
+  // vector is loaded once for all MR activation rows (small-batch GEMM reads W once); called
+  // through dot_tile_bf16 in common/kernels_impl.h.
   template <int MR>
   static void dot_tile(const bf16* x, int64_t xs, const bf16* w, int64_t k, int64_t nr, float* res) {
     // Weight rows past nr re-read row nr - 1 (valid memory, results dropped): no branches in the
@@ -207,7 +199,6 @@ struct VecNeon {
   }
 #else
   static float dot_bf16(const bf16*, const bf16*, int64_t) { return 0.0f; }
-  static void dot_tile_bf16(const bf16*, int64_t, int64_t, const bf16*, int64_t, int64_t, float*) {}
 #endif
 };
 

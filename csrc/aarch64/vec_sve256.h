@@ -154,17 +154,6 @@ struct VecSve256 {
     }
     return svaddv_f32(all(), svadd_f32_x(all(), svadd_f32_x(all(), acc[0], acc[1]), svadd_f32_x(all(), acc[2], acc[3])));
   }
-  // res[i * 4 + r] = dot(x + i * xs, w + r * k) for i < mr <= 4, r < nr <= 4: each weight
-  // vector is loaded once for all mr activation rows (small-batch GEMM reads W once).
-  static void dot_tile_bf16(const bf16* x, int64_t xs, int64_t mr, const bf16* w, int64_t k, int64_t nr,
-                            float* res) {
-    switch (mr) {
-      case 1: return dot_tile<1>(x, xs, w, k, nr, res);
-      case 2: return dot_tile<2>(x, xs, w, k, nr, res);
-      case 3: return dot_tile<3>(x, xs, w, k, nr, res);
-      default: return dot_tile<4>(x, xs, w, k, nr, res);
-    }
-  }
   // acc[i][r] += x row i . weight row r over the 16 values at j (the lanes of pg)
   template <int MR>
   static void tile_step(f32x8_t (&acc)[MR][4], const bf16* x, int64_t xs, const bf16* const (&wr)[4], int64_t j,
@@ -179,6 +168,9 @@ struct VecSve256 {
       for (int r = 0; r < 4; ++r) acc[i][r] = svbfdot_f32(acc[i][r], xv, wv[r]);
     }
   }
+  // res[i * 4 + r] = dot(x + i * xs, w + r * k) for i < MR <= 4, r < nr <= 4: each weight
+  // vector is loaded once for all MR activation rows (small-batch GEMM reads W once); called
+  // through dot_tile_bf16 in common/kernels_impl.h.
   template <int MR>
   static void dot_tile(const bf16* x, int64_t xs, const bf16* w, int64_t k, int64_t nr, float* res) {
     // Weight rows past nr re-read row nr - 1 (valid memory, results dropped): no branches in the

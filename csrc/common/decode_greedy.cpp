@@ -51,8 +51,9 @@ at::Tensor embedding_row(const c10::List<std::optional<at::Tensor>>& embed, int6
 }  // namespace
 
 // embed: see embedding_row (embed_impl: the packed head's variant, for the tied int8 rows);
-// vocab x hidden is the table's shape. head: [weight] (bf16 [vocab, hidden], the native `linear` variant head_impl) or
-// [packed, w_scale, inv_smooth or None] (W8A8, `w8a8_linear` variant head_impl, fp32 input).
+// vocab x hidden is the table's shape. head: [weight] (bf16 [vocab, hidden], the native
+// `linear` variant head_impl) or [packed, w_scale, inv_smooth or None] (W8A8, `w8a8_linear`
+// variant head_impl, fp32 input).
 // slot_row: int64 [1, >= start + steps], the request's KV slots by position; the slots of
 // positions start .. start + steps - 1 are written.
 at::Tensor decode_greedy(int64_t token, int64_t start, int64_t steps, const c10::List<std::optional<at::Tensor>>& embed,

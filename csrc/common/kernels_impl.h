@@ -349,6 +349,18 @@ void attn_item(const AttnArgs& a, const int64_t* item, int64_t split, float* scr
 }
 
 // ---- small-M linear (GEMV) ---------------------------------------------------------------
+// The bf16 dot-product tile of a kBf16Dot vector type: V::dot_tile<MR> for mr activation rows.
+template <typename V>
+inline void dot_tile_bf16(const bf16* x, int64_t xs, int64_t mr, const bf16* w, int64_t k, int64_t nr,
+                          float* res) {
+  switch (mr) {
+    case 1: return V::template dot_tile<1>(x, xs, w, k, nr, res);
+    case 2: return V::template dot_tile<2>(x, xs, w, k, nr, res);
+    case 3: return V::template dot_tile<3>(x, xs, w, k, nr, res);
+    default: return V::template dot_tile<4>(x, xs, w, k, nr, res);
+  }
+}
+
 // Streams each weight row once per call; the M activation rows stay in L1. Four weight rows
 // at a time give four independent accumulator chains per activation row; with VDPBF16PS,
 // up to four activation rows share each weight load (dot_tile_bf16).
@@ -367,7 +379,7 @@ void linear_kernel(void* out_, const void* x_, int64_t xs, const void* w_, const
         const int64_t mr = m - i0 < kCols ? m - i0 : kCols;
         float res[kCols * kRows] = {};
         if constexpr (V::kBf16Dot && kIsBf16<T>) {
-          V::dot_tile_bf16(x + i0 * xs, xs, mr, w + n0 * k, k, nr, res);
+          dot_tile_bf16<V>(x + i0 * xs, xs, mr, w + n0 * k, k, nr, res);
         } else {
           for (int64_t i = 0; i < mr; ++i) {
             const T* xr = x + (i0 + i) * xs;

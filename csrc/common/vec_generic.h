@@ -116,7 +116,6 @@ struct VecGeneric {
     return r;
   }
   static float dot_bf16(const bf16*, const bf16*, int64_t) { return 0.0f; }
-  static void dot_tile_bf16(const bf16*, int64_t, int64_t, const bf16*, int64_t, int64_t, float*) {}
 };
 
 }  // namespace

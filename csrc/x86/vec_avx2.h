@@ -113,7 +113,6 @@ struct VecAvx2 {
              _mm256_castsi256_ps(_mm256_slli_epi32(bf16_bits(v[1]), 16))}};
   }
   static float dot_bf16(const bf16*, const bf16*, int64_t) { return 0.0f; }
-  static void dot_tile_bf16(const bf16*, int64_t, int64_t, const bf16*, int64_t, int64_t, float*) {}
 };
 
 }  // namespace

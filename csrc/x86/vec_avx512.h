@@ -103,17 +103,9 @@ struct VecAvx512 {
 #endif
     return {_mm512_castsi512_ps(_mm512_slli_epi32(h, 16))};
   }
-  // res[i * 4 + r] = dot(x + i * xs, w + r * k) for i < mr <= 4, r < nr <= 4: each weight
-  // vector is loaded once for all mr activation rows (small-batch GEMM reads W once).
-  static void dot_tile_bf16(const bf16* x, int64_t xs, int64_t mr, const bf16* w, int64_t k, int64_t nr,
-                            float* res) {
-    switch (mr) {
-      case 1: return dot_tile<1>(x, xs, w, k, nr, res);
-      case 2: return dot_tile<2>(x, xs, w, k, nr, res);
-      case 3: return dot_tile<3>(x, xs, w, k, nr, res);
-      default: return dot_tile<4>(x, xs, w, k, nr, res);
-    }
-  }
+  // res[i * 4 + r] = dot(x + i * xs, w + r * k) for i < MR <= 4, r < nr <= 4: each weight
+  // vector is loaded once for all MR activation rows (small-batch GEMM reads W once); called
+  // through dot_tile_bf16 in common/kernels_impl.h.
   template <int MR>
   static void dot_tile(const bf16* x, int64_t xs, const bf16* w, int64_t k, int64_t nr, float* res) {
 #ifdef ANYCORE_AVX512_BF16
