@@ -17,7 +17,6 @@ from anycore.cache.manager import KVCacheManager
 from anycore.config import EngineConfig, parse_dtype
 from anycore.engine.detokenizer import IncrementalDetokenizer
 from anycore.engine.runner import KVPool, ModelRunner
-from anycore.engine.sampler import plain_greedy
 from anycore.engine.thread_governor import ThreadGovernor
 from anycore.engine.weight_arena import consolidate_weights
 from anycore.kernels.dispatch import select_ops
@@ -92,7 +91,7 @@ class Engine:
         self.kv_pool = KVPool(mc.num_layers, num_slots, mc.num_kv_heads, mc.head_dim, self.dtype)
         self.kv = KVCacheManager(num_slots, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.kv, config.max_num_batched_tokens, config.max_num_seqs, config.policy)
-        self.runner = ModelRunner(self.model, self.kv_pool)
+        self.runner = ModelRunner(self.model, self.kv_pool, self.ops)
         del weights, source  # drops the parsed model file (and its mapped pages) before calibrating
         release_free_heap()
         if self.quantization and not prequantized:
@@ -153,7 +152,7 @@ class Engine:
             req.generator = torch.Generator().manual_seed(params.seed)
         self.scheduler.add(req)
         self._requests[rid] = req
-        self._detok[rid] = IncrementalDetokenizer(
+        self._detok[rid] = req.detokenizer = IncrementalDetokenizer(
             self.tokenizer, req.prompt_token_ids, params.stop, params.skip_special_tokens,  # type: ignore[arg-type]
             params.include_stop_str_in_output,
         )
@@ -173,10 +172,9 @@ class Engine:
 
     # ---- the loop body ----------------------------------------------------------------------
     def step(self) -> list[StepOutput]:
-        burst = self._decode_burst()
-        if burst is not None:
-            return burst
-        out = self.scheduler.schedule()
+        """schedule -> execute -> update, for every step kind alike (prefill chunks and decodes
+        mixed, or one multi-step greedy decode)."""
+        out = self.scheduler.schedule(self.runner.max_steps(self.config.decode_burst))
         if out.is_empty:
             return []
         gov = self.thread_governor
@@ -185,67 +183,14 @@ class Engine:
         t0 = time.perf_counter()
         sampled, logprobs = self.runner.execute(out)
         if gov is not None and out.all_decode:
-            gov.observe(len(out.scheduled), time.perf_counter() - t0)
-        progressed = self.scheduler.update(out, sampled)
-        now = time.monotonic()
+            steps = max(len(t) for t in sampled.values()) if sampled else 1
+            gov.observe(len(out.scheduled), (time.perf_counter() - t0) / steps)
         results = []
-        for req in progressed:
-            rid = req.request_id
-            token = req.output_token_ids[-1]
-            if req.first_token_time is None:
-                req.first_token_time = now
-            lp = logprobs.get(rid)
-            if lp is not None:
-                req.logprobs.append(lp)
-            detok = self._detok[rid]
-            detok.add([token])
-            if detok.stopped and not req.is_finished:
-                self.scheduler.finish(req, "stop")
-            results.append(self._output(req, [token], [lp] if lp is not None else []))
+        for req, tokens in self.scheduler.update(out, sampled):
+            lps = logprobs.get(req.request_id, [])
+            req.logprobs += lps
+            results.append(self._output(req, tokens, lps))
         return results
-
-    def _decode_burst(self) -> list[StepOutput] | None:
-        """Up to ``config.decode_burst`` tokens of a request decoding alone with plain greedy
-        sampling, in one native call (ModelRunner.decode_greedy), or None: take a normal step.
-
-        The Python around a batch-1 step (scheduling, the step's tensors, lookups, head and
-        sampler calls, this bookkeeping) was ~0.9 ms of a ~13 ms SmolLM2-135M bf16 step. The
-        tokens are those single steps would give; stops are applied here afterwards, in the order
-        ``step`` applies them (token-level rules, then stop strings), and tokens past a stop are
-        dropped with their KV slots. Bursts only start while nobody waits; a request arriving
-        during one waits for it to end (at most ``decode_burst`` tokens)."""
-        sched = self.scheduler
-        if self.config.decode_burst <= 1 or sched.waiting or len(sched.running) != 1:
-            return None
-        req = sched.running[0]
-        if not plain_greedy(req) or not self.runner.supports_decode_greedy():
-            return None
-        s = sched.schedule_decode_burst(self.config.decode_burst)
-        if s is None:
-            return None
-        gov = self.thread_governor
-        if gov is not None and torch.get_num_threads() != gov.threads:
-            torch.set_num_threads(gov.threads)
-        t0 = time.perf_counter()
-        tokens = self.runner.decode_greedy(s)
-        if gov is not None:
-            gov.observe(1, (time.perf_counter() - t0) / len(tokens))
-        if req.is_finished:  # aborted while the burst ran (its KV went with it)
-            return []
-        rid = req.request_id
-        detok = self._detok[rid]
-        accepted, reason = [], None
-        for token in tokens:
-            req.append_token(token)
-            accepted.append(token)
-            reason = req.check_stop()
-            detok.add([token])
-            if reason is None and detok.stopped:
-                reason = "stop"
-            if reason is not None:
-                break
-        sched.finish_burst(s, len(accepted), reason)
-        return [self._output(req, accepted, [])]
 
     def _output(self, req: Request, tokens: list[int], logprobs: list[TokenLogprob]) -> StepOutput:
         """What a step gave ``req`` (its new tokens, already detokenized); a finished request's

@@ -9,8 +9,10 @@ import numpy as np
 import torch
 from torch import nn
 
+from anycore.engine.native_executor import NativeExecutor
 from anycore.engine.sampler import sample_requests
 from anycore.engine.slot_rows import SlotRows
+from anycore.kernels.ops import KernelOps
 from anycore.layers.forward_batch import ForwardBatch
 from anycore.scheduler.request import TokenLogprob
 from anycore.scheduler.scheduler import ScheduledRequest, SchedulerOutput
@@ -70,9 +72,13 @@ def lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
 
 
 class ModelRunner:
-    def __init__(self, model: nn.Module, kv: KVPool) -> None:
+    """Turns a SchedulerOutput into tokens: the batch's tensors, the forward (op by op or the
+    native path the executor picks), the logits head and the sampler."""
+
+    def __init__(self, model: nn.Module, kv: KVPool, ops: KernelOps) -> None:
         self.model = model
         self.kv = kv
+        self.native = NativeExecutor(model, ops)
         self.k_layers = list(kv.k.unbind(0))  # per-layer views of the pool
         self.v_layers = list(kv.v.unbind(0))
         self.slot_rows = SlotRows()
@@ -129,42 +135,40 @@ class ModelRunner:
             table[i, : seq_lens[i]] = row[: seq_lens[i]]
         return table
 
+    def max_steps(self, limit: int) -> int:
+        """Tokens a multi-step greedy decode may run in one call here: ``limit``, or 1 when the
+        model cannot run one natively (checked per step: quantization or hooks change it)."""
+        return limit if limit > 1 and self.native.can_decode_greedy() else 1
+
     @torch.inference_mode()
-    def execute(self, out: SchedulerOutput) -> tuple[dict[str, int], dict[str, TokenLogprob]]:
-        """Runs one forward pass; returns the sampled token (and logprobs) per sampling request."""
+    def execute(self, out: SchedulerOutput) -> tuple[dict[str, list[int]], dict[str, list[TokenLogprob]]]:
+        """Runs one step; returns the tokens (and logprobs, where asked) of each sampling request."""
+        if len(out.scheduled) == 1 and out.scheduled[0].num_steps > 1:
+            return self._multi_step(out.scheduled[0]), {}
         batch = self.build_batch(out)
-        hidden = self.model(batch)
+        hidden = self.model(batch, self.native.layers_fn(batch))
         reqs = [s.request for s in out.scheduled if s.sample]
         if not reqs:
             return {}, {}
         logits = self.model.compute_logits(hidden)
         tokens, logprobs = sample_requests(logits, reqs)
         ids = [r.request_id for r in reqs]
-        sampled = dict(zip(ids, tokens.tolist()))
-        lps = {i: lp for i, lp in zip(ids, logprobs) if lp is not None}
+        sampled = {rid: [t] for rid, t in zip(ids, tokens.tolist())}
+        lps = {rid: [lp] for rid, lp in zip(ids, logprobs) if lp is not None}
         return sampled, lps
 
-    def supports_decode_greedy(self) -> bool:
-        """Whether the model can run a decode burst natively (see decode_greedy)."""
-        can = getattr(self.model, "can_decode_greedy", None)
-        return bool(can and can())
-
-    @torch.inference_mode()
-    def decode_greedy(self, s: ScheduledRequest) -> list[int]:
-        """A decode burst (Scheduler.schedule_decode_burst): ``s.num_new_tokens`` greedy tokens
-        of one request in one native call, ``model.decode_greedy``."""
+    def _multi_step(self, s: ScheduledRequest) -> dict[str, list[int]]:
+        """``s.num_steps`` greedy tokens of one request in one native call."""
         req = s.request
-        end = s.start + s.num_new_tokens
+        end = s.start + s.num_steps
         slot_row = torch.from_numpy(self.slot_rows.row(req)[:end])[None]
-        tokens = self.model.decode_greedy(req.all_token_ids[s.start], s.start, s.num_new_tokens, slot_row,
-                                          self.kv.k, self.kv.v)
-        if tokens is None:
-            raise RuntimeError("decode_greedy ran on a model that cannot (check supports_decode_greedy first)")
-        return tokens
+        tokens = self.native.decode_greedy(req.all_token_ids[s.start], s.start, s.num_steps, slot_row,
+                                           self.kv.k, self.kv.v)
+        return {req.request_id: tokens}
 
     @torch.inference_mode()
     def prompt_logits(self, out: SchedulerOutput) -> torch.Tensor:
         """Logits of every new token in the batch (for tests and perplexity)."""
         batch = self.build_batch(out)
         batch.logits_indices = torch.arange(batch.input_ids.shape[0])
-        return self.model.compute_logits(self.model(batch))
+        return self.model.compute_logits(self.model(batch, self.native.layers_fn(batch)))

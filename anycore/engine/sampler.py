@@ -135,19 +135,11 @@ def argmax_rows(x: torch.Tensor) -> torch.Tensor:
     return x.argmax(dim=-1)
 
 
-def plain_greedy(r: Request) -> bool:
-    """Greedy, and nothing reads the logits beyond their argmax: no penalty, no logprobs, no
-    EOS ban (before min_tokens)."""
-    p = r.params
-    return (p.temperature == 0.0 and p.logprobs is None and p.repetition_penalty == 1.0
-            and p.frequency_penalty == 0.0 and p.presence_penalty == 0.0 and r.num_output_tokens >= p.min_tokens)
-
-
 def sample_requests(logits: torch.Tensor, reqs: list[Request]) -> tuple[torch.Tensor, list[TokenLogprob | None]]:
     """``sample`` for these requests (one logits row each). When every row is plain greedy the
     argmax is all ``sample`` would compute, so the SamplingBatch (a dozen small tensors and list
     scans, ~0.1 ms of a decode step) is not built."""
-    if all(map(plain_greedy, reqs)):
+    if all(r.plain_greedy for r in reqs):
         return argmax_rows(logits), [None] * len(reqs)
     return sample(logits, SamplingBatch.from_requests(reqs))
 

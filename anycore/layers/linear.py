@@ -25,8 +25,8 @@ class LinearMethod(Protocol):
 
     def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor: ...
 
-    # Optional: ``fused_args(layer) -> ((weight, w8a8 scale or None, bias or None), variant index)``
-    # for the fused native decoder layer (csrc/common/decoder_layer.cpp), or None when this
+    # Optional: ``native_args(layer) -> ((weight, w8a8 scale or None, bias or None), variant index)``
+    # for the native decoder stack (engine/native_executor.py), or None when this
     # method's multiply has no native equivalent there (the layer then runs unfused).
 
 
@@ -44,7 +44,7 @@ class UnquantizedLinearMethod:
     def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
         return layer.matmul(x, layer.weight, layer.bias)
 
-    def fused_args(self, layer: Linear):
+    def native_args(self, layer: Linear):
         # index -1: oneDNN (at::linear), what the torch-native `linear` runs
         index = layer.kernels.native_index.get("linear", -1) if layer.kernels is not None else -1
         return (layer.weight, None, layer.bias), index
@@ -115,15 +115,15 @@ class Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.method.apply(self, x)
 
-    def fused_args(self):
-        """What the fused decoder layer needs to run this projection natively, or None.
+    def native_args(self):
+        """What the native decoder stack needs to run this projection, or None.
 
         None too while hooks are attached (e.g. calibration statistics): they observe this
-        module's forward, which the fused layer never calls."""
+        module's forward, which the native stack never calls."""
         if self._forward_pre_hooks or self._forward_hooks:
             return None
-        fused_args = getattr(self.method, "fused_args", None)
-        return fused_args(self) if fused_args is not None else None
+        native_args = getattr(self.method, "native_args", None)
+        return native_args(self) if native_args is not None else None
 
 
 def storage_replaced() -> None:

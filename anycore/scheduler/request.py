@@ -47,6 +47,9 @@ class Request:
     first_token_time: float | None = None
     num_preemptions: int = 0
     prefill_cached: bool = False  # prompt KV published to the prefix cache
+    # the output's incremental detokenizer (engine/detokenizer.py): ``add(ids)`` and ``stopped``
+    # when a stop string completed; fed by check_stop, token by token; None: no stop strings
+    detokenizer: Any = None
 
     def __post_init__(self) -> None:
         if not self.all_token_ids:
@@ -72,9 +75,26 @@ class Request:
         self.output_token_ids.append(token_id)
         self.all_token_ids.append(token_id)
 
+    @property
+    def plain_greedy(self) -> bool:
+        """Greedy, and nothing reads the logits beyond their argmax: no penalty, no logprobs, no
+        EOS ban (before min_tokens)."""
+        p = self.params
+        return (p.temperature == 0.0 and p.logprobs is None and p.repetition_penalty == 1.0
+                and p.frequency_penalty == 0.0 and p.presence_penalty == 0.0 and self.num_output_tokens >= p.min_tokens)
+
     def check_stop(self) -> str | None:
-        """Finish reason after the newest token, from token-level rules (stop strings are the
-        detokenizer's job), or None to keep going."""
+        """Finish reason after the newest token, or None to keep going: the token rules, then
+        stop strings (the newest token goes to the detokenizer either way, so the text of a
+        request stopped by a token includes what that token decodes to)."""
+        reason = self._token_stop()
+        if self.detokenizer is not None:
+            self.detokenizer.add(self.output_token_ids[-1:])
+            if reason is None and self.detokenizer.stopped:
+                reason = "stop"
+        return reason
+
+    def _token_stop(self) -> str | None:
         p = self.params
         last = self.output_token_ids[-1]
         if self.num_output_tokens > p.min_tokens:

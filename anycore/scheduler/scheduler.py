@@ -22,6 +22,10 @@ class ScheduledRequest:
     start: int  # num_computed_tokens before this step
     num_new_tokens: int
     sample: bool  # this step reaches the last known token, so a new token is sampled
+    # tokens this step may produce: > 1 only for a multi-step greedy decode (Scheduler
+    # ._multi_step), which writes the KV of positions start .. start + num_steps - 1 and holds
+    # slots for all of them; stops it cannot foresee end it early in ``update``
+    num_steps: int = 1
 
 
 @dataclass
@@ -71,7 +75,15 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def schedule(self) -> SchedulerOutput:
+    def schedule(self, max_steps: int = 1) -> SchedulerOutput:
+        """This step's work. ``max_steps`` > 1 allows a multi-step greedy decode when exactly
+        one request runs, decoding with plain greedy sampling, and nobody waits (the runner
+        then produces up to that many tokens in one native call); a request arriving meanwhile
+        waits at most that many tokens' time."""
+        if max_steps > 1:
+            multi = self._multi_step(max_steps)
+            if multi is not None:
+                return SchedulerOutput([multi])
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
         i = 0
@@ -109,36 +121,20 @@ class Scheduler:
             budget -= n
         return out
 
-    def schedule_decode_burst(self, max_steps: int) -> ScheduledRequest | None:
-        """A decode of up to ``max_steps`` tokens with KV slots for all of them, when exactly one
-        request runs, it is decoding and nobody waits (the engine then runs them in one native
-        call, Engine._decode_burst); None otherwise or when slots are short. ``num_new_tokens``
-        is the burst's length: the positions whose KV it writes. Stops it cannot foresee (EOS,
-        stop strings) are applied afterwards by ``finish_burst``."""
+    def _multi_step(self, max_steps: int) -> ScheduledRequest | None:
         if self.waiting or len(self.running) != 1:
             return None
         req = self.running[0]
-        if req.num_tokens - req.num_computed_tokens != 1 or not req.prefill_cached:
+        if req.num_tokens - req.num_computed_tokens != 1 or not req.prefill_cached or not req.plain_greedy:
             return None
         n = min(max_steps, req.max_model_len - req.num_tokens)
         if req.params.max_tokens is not None:
             n = min(n, req.params.max_tokens - req.num_output_tokens)
-        slots = self.kv.allocate(n) if n >= 1 else None
+        slots = self.kv.allocate(n) if n >= 2 else None
         if slots is None:
-            return None
+            return None  # (one token or short of slots: an ordinary step, preempting if it must)
         req.slots.extend(slots)
-        return ScheduledRequest(req, req.num_computed_tokens, n, sample=True)
-
-    def finish_burst(self, s: ScheduledRequest, accepted: int, reason: str | None) -> None:
-        """Records a burst's first ``accepted`` tokens (already appended to the request) as
-        computed and ends the request with ``reason``, if any; the KV slots of tokens beyond a
-        stop are released with the rest."""
-        req = s.request
-        if req.is_finished:  # aborted while the burst ran
-            return
-        req.num_computed_tokens = s.start + accepted
-        if reason is not None:
-            self.finish(req, reason)
+        return ScheduledRequest(req, req.num_computed_tokens, 1, sample=True, num_steps=n)
 
     def _next_waiting(self) -> Request:
         if self.policy == "lpm" and len(self.waiting) > 1:
@@ -162,9 +158,12 @@ class Scheduler:
         self.num_preemptions += 1
         self.waiting.appendleft(req)
 
-    def update(self, out: SchedulerOutput, sampled: dict[str, int]) -> list[Request]:
-        """Advances the scheduled requests; appends sampled tokens; returns requests that got a
-        new token (finished ones included, already released)."""
+    def update(self, out: SchedulerOutput, sampled: dict[str, list[int]]) -> list[tuple[Request, list[int]]]:
+        """Advances the scheduled requests and appends their sampled tokens (``sampled``: the
+        tokens each sampling request produced, in order), stopping at the first that ends the
+        request (``Request.check_stop``: token rules and stop strings); returns each request
+        that got tokens with the tokens it kept (finished ones included, already released).
+        One routine for every step kind: a prefill chunk, a decode, a multi-step decode."""
         progressed = []
         for s in out.scheduled:
             req = s.request
@@ -177,11 +176,17 @@ class Scheduler:
                 req.prefill_cached = True
             if not s.sample:
                 continue
-            req.append_token(sampled[req.request_id])
-            reason = req.check_stop()
-            if reason is not None:
-                self.finish(req, reason)
-            progressed.append(req)
+            kept = []
+            for token in sampled[req.request_id][: s.num_steps]:
+                if kept:  # a multi-step decode computed the previous token's position too
+                    req.num_computed_tokens += 1
+                req.append_token(token)
+                kept.append(token)
+                reason = req.check_stop()
+                if reason is not None:
+                    self.finish(req, reason)  # (releases the slots of positions past the stop too)
+                    break
+            progressed.append((req, kept))
         return progressed
 
     def finish(self, req: Request, reason: str) -> None:

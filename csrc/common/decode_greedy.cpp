@@ -5,12 +5,13 @@
 // Why: a batch-1 bf16 step of SmolLM2-135M is ~13 ms, of which ~0.9 ms ran in Python (building
 // the step's tensors, the embedding and RoPE lookups, the final norm and head calls, the argmax,
 // the scheduler and the engine's bookkeeping): 7% of the step, the largest cost left besides
-// streaming the weights. The engine calls this only for a request decoding alone with plain
-// greedy sampling (anycore/engine/engine.py `_decode_burst`), and checks the stop conditions
-// on the returned tokens afterwards.
+// streaming the weights. The scheduler plans such a multi-step decode only for a request
+// decoding alone with plain greedy sampling (Scheduler.schedule(max_steps)); the runner's
+// NativeExecutor marshals the call and Scheduler.update applies the stop conditions to the
+// returned tokens, as for any step.
 //
 // Invariant: every token goes through the same ops, with the same inputs, as the engine's
-// one-token step (LlamaModel.forward, LogitsHead.forward, sampler.argmax_rows), so the tokens
+// one-token step (LlamaForCausalLM.forward, LogitsHead.forward, sampler.argmax_rows), so the tokens
 // are the ones single steps would produce (tests/kernels/test_decode_greedy.py).
 #include <cmath>
 #include <vector>

@@ -10,6 +10,11 @@
 // paths give bit-identical results (tests/kernels/test_decoder_layer.py checks it). The only
 // differences are where data goes: rotated K and V are written straight into the KV pool.
 #include <cstring>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include <torch/library.h>
 
 #include "decoder_layout.h"
 #include "ops.h"
@@ -204,4 +209,13 @@ std::tuple<at::Tensor, at::Tensor> decoder_stack(
   return {h, *res};
 }
 
+std::vector<std::string> decoder_layout() { return {std::begin(kWeightNames), std::end(kWeightNames)}; }
+
+int64_t native_linear_max_rows() { return kNativeLinearMaxRows; }
+
 }  // namespace anycore::ops
+
+TORCH_LIBRARY_FRAGMENT(anycore, m) {
+  m.def("decoder_layout() -> str[]", &anycore::ops::decoder_layout);
+  m.def("native_linear_max_rows() -> int", &anycore::ops::native_linear_max_rows);
+}

@@ -1,5 +1,7 @@
-// How the fused decoder ops (decoder_layer.cpp, decode_team.cpp) receive a layer: the order of
-// its weights and of its variant indices. Mirrors _FusedCall in anycore/models/llama.py.
+// How the native decoder stack (decoder_layer.cpp, decode_team.cpp) receives a layer: the order
+// of its weights and of its variant indices. Python reads the order from here
+// (`decoder_layout()`, `native_linear_max_rows()`; anycore/engine/native_executor.py), so the
+// two sides cannot drift apart.
 #pragma once
 #include <ATen/ATen.h>
 #include <torch/custom_class.h>
@@ -15,12 +17,21 @@ enum WeightIndex : int {
   kInputNorm, kQkv, kQkvScale, kQkvBias, kQNorm, kKNorm, kO, kOScale, kOBias,
   kPostNorm, kGateUp, kGateUpScale, kGateUpBias, kDown, kDownScale, kDownBias, kNumWeights
 };
+// the slot names Python fills, in WeightIndex order
+inline constexpr const char* kWeightNames[kNumWeights] = {
+    "input_norm", "qkv.weight", "qkv.scale", "qkv.bias", "q_norm", "k_norm", "o.weight", "o.scale", "o.bias",
+    "post_norm", "gate_up.weight", "gate_up.scale", "gate_up.bias", "down.weight", "down.scale", "down.bias"};
 enum LinearIndex : int { kLinQkv, kLinO, kLinGateUp, kLinDown, kNumLinears };
 enum OpIndex : int { kOpRmsNorm, kOpAddRmsNorm, kOpRotary, kOpSiluMul, kOpAttention, kNumOps };
 
 using Weights = c10::List<std::optional<at::Tensor>>;
 
-constexpr int64_t kNativeLinearMaxRows = 4;  // = NATIVE_LINEAR_MAX_ROWS in kernels/dispatch.py
+// Rows up to which a bf16 projection runs the native GEMV rather than at::linear (oneDNN):
+// one VDPBF16PS tile of activation rows, measured faster on x86 (1 thread, SmolLM2 decode
+// shapes: native 26/28/35 ms vs oneDNN 48/49/50 ms at 1/2/4 rows, 56 vs 48 ms at 8). The Arm
+// variants use the same limit (their tiles are 4 rows too); not timed on Arm hardware. The
+// `linear` op's Python binding reads it through native_linear_max_rows().
+constexpr int64_t kNativeLinearMaxRows = 4;
 
 struct TeamPlan;  // decode_team.cpp's pointers derived from a StackWeights
 

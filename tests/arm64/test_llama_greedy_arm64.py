@@ -170,23 +170,19 @@ def _bf16_decode(path, prompts, mode: str, monkeypatch):
     else:
         monkeypatch.delenv("ANYCORE_DECODE_TEAM", raising=False)
     llm = LLM(model=str(path), dtype="bfloat16", kv_cache_gb=0.01)
-    ops, model = llm.engine.ops, llm.engine.model
+    ops, native = llm.engine.ops, llm.engine.runner.native
     if ops.decoder_stack is None or "linear" not in ops.native_index:
         pytest.skip("no native decoder stack with a native linear here (extension unavailable or an op not native)")
     calls = [0]
     if mode == "off":
-        model.ops = dataclasses.replace(model.ops, decoder_stack=None)
-        model._stack = None
-        for layer in model.layers:
-            layer.ops = dataclasses.replace(layer.ops, decoder_layer=None)
-            layer._fused = None
+        native.enabled = False
     else:
         def counted(*args, stack=ops.decoder_stack):
             calls[0] += 1
             return stack(*args)
 
-        model.ops = dataclasses.replace(model.ops, decoder_stack=counted)
-        model._stack = None
+        native.ops = dataclasses.replace(native.ops, decoder_stack=counted)
+    native._stack = None
     params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True, logprobs=2)
     before = torch.ops.anycore.decode_team_steps()
     outs = [llm.generate([p], params)[0].outputs[0] for p in prompts]
@@ -224,7 +220,7 @@ def test_bf16_decode_bursts_equal_single_steps(tiny_llama):
     for burst in (1, 4):
         llm = LLM(model=str(path), dtype="bfloat16", kv_cache_gb=0.01, decode_burst=burst)
         engine = llm.engine
-        if burst > 1 and not engine.runner.supports_decode_greedy():
+        if burst > 1 and not engine.runner.native.can_decode_greedy():
             pytest.skip("no native decode burst here (extension unavailable or an op not native)")
         outs, steps = [], 0
         for p in prompts:

@@ -2,7 +2,7 @@
 
 csrc/common/decode_greedy.cpp runs several greedy tokens of a request decoding alone in one
 native call (embedding, decoder stack, final norm, logits head, argmax per token); the engine
-applies stops afterwards (anycore/engine/engine.py `_decode_burst`). Whatever the burst length,
+applies stops afterwards (one step kind: Scheduler.schedule(max_steps), Scheduler.update). Whatever the burst length,
 threads and Llama-family variant, dense or W8A8 (body, head, embedding table: its own int8 rows
 when untied, the int8 head's rows when tied), the outputs, finish reasons and the
 KV pool must equal those of `decode_burst=1`, and a stop inside a burst must leave no slot behind.
@@ -34,7 +34,7 @@ def restore_threads():
 def _run(model_dir: str, burst: int, threads: int, quant: dict, params_list):
     llm = LLM(model=model_dir, dtype="bfloat16", kv_cache_gb=0.01, threads=threads, decode_burst=burst, **quant)
     engine = llm.engine
-    if burst > 1 and not engine.runner.supports_decode_greedy():
+    if burst > 1 and not engine.runner.native.can_decode_greedy():
         pytest.skip("no native decode burst here (extension unavailable or some op not native)")
     results, steps = [], 0
     for prompt, params in params_list:
@@ -90,7 +90,7 @@ def test_no_burst_when_it_cannot_be_exact(tmp_path, tokenizer, restore_threads):
     """Logprobs and sampling take one-token steps."""
     write_checkpoint(tmp_path, "qwen2-qkv-bias", tokenizer)
     llm = LLM(model=str(tmp_path), dtype="bfloat16", kv_cache_gb=0.01, threads=2, decode_burst=4)
-    if not llm.engine.runner.supports_decode_greedy():
+    if not llm.engine.runner.native.can_decode_greedy():
         pytest.skip("no native decode burst here")
     engine = llm.engine
     for params in (SamplingParams(temperature=0, max_tokens=5, logprobs=1),

@@ -14,7 +14,7 @@ def req(rid: str, n_prompt: int, max_tokens: int = 4, base: int = 0) -> Request:
 
 def run_step(s: Scheduler, token: int = 7):
     out = s.schedule()
-    sampled = {x.request.request_id: token for x in out.scheduled if x.sample}
+    sampled = {x.request.request_id: [token] for x in out.scheduled if x.sample}
     s.update(out, sampled)
     return out
 
@@ -192,56 +192,74 @@ def _decoding(s: Scheduler, r: Request) -> Request:
     return r
 
 
-def test_decode_burst_for_a_request_decoding_alone():
+def _multi(s: Scheduler, max_steps: int):
+    """The step ``schedule(max_steps)`` gives, as its one ScheduledRequest when it is a
+    multi-step decode, else None."""
+    out = s.schedule(max_steps)
+    only = out.scheduled[0] if len(out.scheduled) == 1 else None
+    return out, (only if only is not None and only.num_steps > 1 else None)
+
+
+def test_multi_step_decode_for_a_request_decoding_alone():
     s = Scheduler(KVCacheManager(100), max_num_batched_tokens=64, max_num_seqs=8)
     r = _decoding(s, req("a", 5, max_tokens=10))
-    b = s.schedule_decode_burst(4)
-    assert (b.request, b.start, b.num_new_tokens, b.sample) == (r, 5, 4, True)
+    out, b = _multi(s, 4)
+    assert (b.request, b.start, b.num_new_tokens, b.num_steps, b.sample) == (r, 5, 1, 4, True)
     assert len(r.slots) == 5 + 4
-    for t in (11, 12, 13, 14):
-        r.append_token(t)
-    s.finish_burst(b, 4, None)
-    assert r.num_computed_tokens == 9 and not r.is_finished
+    progressed = s.update(out, {"a": [11, 12, 13, 14]})
+    assert progressed == [(r, [11, 12, 13, 14])]
+    assert r.num_computed_tokens == 9 and r.output_token_ids[-4:] == [11, 12, 13, 14] and not r.is_finished
     check_slots(s)
-    # max_tokens caps the burst: 5 of 10 tokens out, so 4 + 1 are left
-    b = s.schedule_decode_burst(8)
-    assert b.num_new_tokens == 5
+    # max_tokens caps it: 5 of 10 tokens out, so 4 + 1 are left
+    out, b = _multi(s, 8)
+    assert b.num_steps == 5
+    s.update(out, {"a": [1, 2, 3, 4, 5]})
+    assert r.is_finished and r.finish_reason == "length" and r.num_output_tokens == 10
 
 
-def test_decode_burst_stop_releases_the_slots_past_it():
+def test_a_stop_inside_a_multi_step_decode_releases_the_slots_past_it():
     s = Scheduler(KVCacheManager(100), max_num_batched_tokens=64, max_num_seqs=8)
     r = _decoding(s, req("a", 5, max_tokens=10))
+    r.params.stop_token_ids = [12]
     free_before = s.kv.allocator.num_free
-    b = s.schedule_decode_burst(4)
-    r.append_token(11)
-    r.append_token(12)
-    s.finish_burst(b, 2, "stop")  # a stop at the burst's 2nd token: KV of 2 of its 4 positions
-    assert r.is_finished and r.num_computed_tokens == 7 and not s.running
-    # the prompt's and the two kept tokens' KV are in the prefix cache; the burst's other 2 slots
-    # are free again
+    out, b = _multi(s, 4)
+    progressed = s.update(out, {"a": [11, 12, 13, 14]})
+    # the stop at the 2nd token: the tokens after it are dropped, KV of 2 of its 4 positions kept
+    assert progressed == [(r, [11, 12])]
+    assert r.is_finished and r.finish_reason == "stop" and r.num_computed_tokens == 7 and not s.running
+    # the prompt's and the two kept tokens' KV are in the prefix cache; the other 2 slots are free
     assert len(set(s.kv.radix.all_slots())) == 7
     assert s.kv.allocator.num_free == free_before - 2
     check_slots(s)
 
 
-def test_decode_burst_only_when_alone_and_decoding():
+def test_multi_step_decode_only_when_alone_decoding_and_plain_greedy():
     s = Scheduler(KVCacheManager(100), max_num_batched_tokens=64, max_num_seqs=8)
-    assert s.schedule_decode_burst(4) is None  # nothing runs
+    assert s.schedule(4).is_empty  # nothing runs
     s.add(req("a", 5))
-    assert s.schedule_decode_burst(4) is None  # waiting, not decoding
-    run_step(s)
+    out, b = _multi(s, 4)
+    assert b is None and out.scheduled[0].num_new_tokens == 5  # waiting, not decoding: a prefill
+    s.update(out, {"a": [7]})
     s.add(req("b", 5, base=50))
-    assert s.schedule_decode_burst(4) is None  # somebody waits
-    run_step(s)
-    assert len(s.running) == 2 and s.schedule_decode_burst(4) is None  # two run
-    # the context length caps a burst: 6 tokens of an 8-token context, so 2 more at most
+    out, b = _multi(s, 4)
+    assert b is None  # somebody waits
+    s.update(out, {x.request.request_id: [7] for x in out.scheduled if x.sample})
+    out, b = _multi(s, 4)
+    assert len(s.running) == 2 and b is None  # two run
+    # sampling or logprobs read more than the argmax: one-token steps
+    for params in (SamplingParams(temperature=0.7, max_tokens=9), SamplingParams(temperature=0, logprobs=1)):
+        s1 = Scheduler(KVCacheManager(100), max_num_batched_tokens=64, max_num_seqs=8)
+        r = Request("s", [1, 2, 3], params)
+        _decoding(s1, r)
+        assert _multi(s1, 4)[1] is None
+    # the context length caps it: 6 tokens of an 8-token context, so 2 more at most
     s2 = Scheduler(KVCacheManager(100), max_num_batched_tokens=64, max_num_seqs=8)
     r = req("c", 5, max_tokens=100)
     r.max_model_len = 8
     _decoding(s2, r)
-    assert s2.schedule_decode_burst(4).num_new_tokens == 2
-    # no slots for the whole burst: no burst (a normal step may still fit)
+    assert _multi(s2, 4)[1].num_steps == 2
+    # no slots for all its positions: an ordinary one-token step instead
     s3 = Scheduler(KVCacheManager(7, enable_prefix_caching=False), max_num_batched_tokens=64, max_num_seqs=8)
     _decoding(s3, req("d", 5, max_tokens=100))
-    assert s3.schedule_decode_burst(4) is None
-    assert s3.schedule_decode_burst(2).num_new_tokens == 2
+    out, b = _multi(s3, 4)
+    assert b is None and out.scheduled[0].num_steps == 1

@@ -74,10 +74,10 @@ def test_an_engine_runs_from_the_block_with_unchanged_results(tmp_path, tokenize
         # one prompt at a time too: batch-1 decode runs in the team, which caches raw pointers
         first = [o.token_ids for o in llm.generate(prompts, params)] + [llm.generate([p], params)[0].token_ids
                                                                            for p in prompts]
-        stack = model._stack
-        assert stack is not None and stack.valid()
+        stack = llm.engine.runner.native._stack
+        assert stack is not None and stack.valid(torch.bfloat16)
         assert consolidate_weights(model) > 0
-        assert not stack.valid(), "moving the weights invalidates what the fused calls cached"
+        assert not stack.valid(torch.bfloat16), "moving the weights invalidates what the fused calls cached"
         tensors = [*model.parameters(), *model.buffers()]
         assert len({t.untyped_storage().data_ptr() for t in tensors}) == 1, kw
         again = [o.token_ids for o in llm.generate(prompts, params)] + [llm.generate([p], params)[0].token_ids

@@ -48,8 +48,8 @@ class W8A8Int8LinearMethod:
     def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
         return layer.int8_kernel(x, layer.qweight_packed, layer.w_scale, layer.bias)
 
-    def fused_args(self, layer: nn.Module):
-        """For the fused decoder layer: only a native kernel's packing can run there."""
+    def native_args(self, layer: nn.Module):
+        """For the native decoder stack: only a native kernel's packing can run there."""
         kernels = getattr(layer, "kernels", None)
         if kernels is None or layer.int8_kernel is not kernels.w8a8_linear:
             return None

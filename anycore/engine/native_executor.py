@@ -1,0 +1,228 @@
+"""The native executor: runs a model's decoder layers as one native call when it can.
+
+A model declares its structure (``native_layers()``: per layer, the modules that fill the slots
+of csrc/common/decoder_layout.h; ``attention_geometry()``) and runs op by op on its own. This
+module, owned by the runner, decides per step which path runs and marshals the arguments:
+
+- **op by op**: the model's Python forward through the kernel table (always available);
+- **native stack**: every layer in one ``decoder_stack`` call (a batch-1 bf16 decode inside it
+  runs in one OpenMP team, csrc/common/decode_team.cpp);
+- **multi-step greedy**: ``steps`` greedy tokens of one request in one ``decode_greedy`` call
+  (embedding row, the stack, final norm, logits head and argmax per token).
+
+Invariant: the native paths compose exactly the kernels the op-by-op path calls, in the same
+order with the same roundings, so all paths give bit-identical tokens, logprobs and KV pools
+(tests/kernels/test_native_paths.py, test_decode_team.py, test_decode_greedy.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+
+from anycore.kernels.ops import KernelOps
+from anycore.layers.forward_batch import ForwardBatch
+from anycore.layers.linear import Linear
+
+# (hidden, cos, sin, batch) -> (hidden, residual): what runs a model's layers in its forward
+LayersFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, ForwardBatch], tuple[torch.Tensor, torch.Tensor]]
+
+
+@dataclass(frozen=True)
+class NativeLayer:
+    """One Llama-family decoder layer as the native stack reads it: pre-norm attention with a
+    merged QKV projection (optional bias, optional per-head q/k norm), then a merged gate/up
+    SwiGLU MLP. Norms are RMSNorm modules, projections ``Linear``s."""
+
+    input_norm: nn.Module
+    qkv: Linear
+    q_norm: nn.Module | None
+    k_norm: nn.Module | None
+    o: Linear
+    post_norm: nn.Module
+    gate_up: Linear
+    down: Linear
+
+    def projections(self) -> tuple[Linear, ...]:
+        return self.qkv, self.o, self.gate_up, self.down
+
+
+@dataclass(frozen=True)
+class AttentionGeometry:
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    eps: float  # the layers' RMSNorm epsilon
+    scale: float
+
+
+class NativeModel(Protocol):
+    """What a model offers the executor (Llama-family: anycore/models/llama.py)."""
+
+    embed_tokens: Any  # VocabEmbedding
+    norm: Any  # the final RMSNorm
+    lm_head: Any  # LogitsHead
+    rotary: Any  # RotaryTable
+
+    def native_layers(self) -> list[NativeLayer] | None: ...
+
+    def attention_geometry(self) -> AttentionGeometry: ...
+
+
+def native_layout() -> tuple[tuple[str, ...], int]:
+    """(slot names of one layer's weights, rows up to which a bf16 projection runs the native
+    GEMV), from the extension itself (csrc/common/decoder_layout.h) rather than a Python copy."""
+    names = tuple(torch.ops.anycore.decoder_layout())
+    return names, int(torch.ops.anycore.native_linear_max_rows())
+
+
+@dataclass
+class _Stack:
+    """Every layer's weights converted for ``decoder_stack`` once (``ops.stack_weights``).
+
+    Invariant: valid while ``Linear.generation`` is the one it was built at: no Linear has since
+    had its method swapped, a hook added or its storage moved (checked per step in O(1); weights
+    updated in place are seen)."""
+
+    dtype: torch.dtype
+    generation: int
+    native: Any
+
+    def valid(self, dtype: torch.dtype) -> bool:
+        return self.dtype == dtype and self.generation == Linear.generation
+
+
+class NativeExecutor:
+    """Chooses and runs the native path for a model; ``enabled = False`` forces op by op (tests
+    compare the paths with it)."""
+
+    def __init__(self, model: nn.Module, ops: KernelOps) -> None:
+        self.model = model
+        self.ops = ops
+        self.enabled = True
+        self._stack: _Stack | None = None
+        self._layout = native_layout() if ops.decoder_stack is not None else None
+        self._geometry: AttentionGeometry | None = None
+
+    @property
+    def geometry(self) -> AttentionGeometry:
+        if self._geometry is None:
+            self._geometry = self.model.attention_geometry()
+        return self._geometry
+
+    # ---- the one-call layer stack -----------------------------------------------------------
+    def layers_fn(self, batch: ForwardBatch) -> LayersFn | None:
+        """The native stack as the model's layer loop for this batch, or None: op by op."""
+        if batch.k_pool is None:
+            return None
+        stack = self.stack(self.model.embed_tokens.dtype)
+        if stack is None:
+            return None
+        g = self.geometry
+
+        def run(hidden, cos, sin, b: ForwardBatch):
+            return self.ops.decoder_stack(
+                hidden, stack.native, b.k_pool, b.v_pool, b.slot_mapping, cos, sin, b.q_start_loc, b.seq_lens,
+                b.slot_table, g.num_heads, g.num_kv_heads, g.head_dim, g.eps, g.scale)
+        return run
+
+    def stack(self, dtype: torch.dtype) -> _Stack | None:
+        """The cached native stack, rebuilt when stale; None when some layer cannot run natively
+        (no native kernels, a dtype they lack, a projection without a native multiply, a hooked
+        projection: calibration hooks must observe every projection's forward)."""
+        if not self.enabled or self._layout is None or dtype not in (torch.float32, torch.bfloat16):
+            return None
+        stack = self._stack
+        if stack is not None and stack.valid(dtype):
+            return stack
+        self._stack = None  # (a stale stack must not keep replaced weights alive)
+        generation = Linear.generation  # read first: a change while building leaves it stale
+        layers = self.model.native_layers()
+        if layers is None:
+            return None
+        weights: list[torch.Tensor | None] = []
+        impls: list[int] = []
+        for layer in layers:
+            args = self._layer_args(layer)
+            if args is None:
+                return None
+            weights += args[0]
+            impls += args[1]
+        self._stack = _Stack(dtype, generation, self.ops.stack_weights(weights, impls))
+        return self._stack
+
+    def _layer_args(self, layer: NativeLayer) -> tuple[list, list[int]] | None:
+        """One layer's weights in the extension's slot order and its projections' variants."""
+        slots: dict[str, torch.Tensor | None] = {
+            "input_norm": layer.input_norm.weight,
+            "q_norm": layer.q_norm.weight if layer.q_norm is not None else None,
+            "k_norm": layer.k_norm.weight if layer.k_norm is not None else None,
+            "post_norm": layer.post_norm.weight,
+        }
+        impls = []
+        for name, proj in zip(("qkv", "o", "gate_up", "down"), layer.projections()):
+            args = proj.native_args()
+            if args is None:  # (no native multiply, or hooked)
+                return None
+            (slots[f"{name}.weight"], slots[f"{name}.scale"], slots[f"{name}.bias"]), index = args
+            impls.append(index)
+        names, _ = self._layout  # type: ignore[misc]
+        return [slots[n] for n in names], impls
+
+    # ---- multi-step greedy --------------------------------------------------------------------
+    def can_decode_greedy(self) -> bool:
+        return self._greedy_args() is not None
+
+    def decode_greedy(self, token: int, start: int, steps: int, slot_row: torch.Tensor, k_pool: torch.Tensor,
+                      v_pool: torch.Tensor) -> list[int]:
+        """The next ``steps`` greedy tokens of one request whose last token ``token`` sits at
+        position ``start``; ``slot_row`` int64 ``[1, >= start + steps]`` holds its KV slots by
+        position. The tokens equal what ``steps`` one-token steps (forward, logits head, argmax)
+        would give."""
+        args = self._greedy_args()
+        if args is None:
+            raise RuntimeError("decode_greedy on a model that cannot (check can_decode_greedy first)")
+        stack, embed, head, impl = args
+        m, g = self.model, self.geometry
+        emb = m.embed_tokens
+        vocab, hidden = emb.table_shape if emb.shared_head is not None else embed[0].shape
+        tokens = self.ops.decode_greedy(
+            token, start, steps, embed, impl, vocab, hidden, stack.native, k_pool, v_pool, slot_row, m.rotary.cos,
+            m.rotary.sin, m.norm.weight, head, impl, g.num_heads, g.num_kv_heads, g.head_dim, g.eps, m.norm.eps,
+            g.scale)
+        return tokens.tolist()
+
+    def _greedy_args(self) -> tuple[_Stack, list, list, int] | None:
+        """(stack, embedding tensors, head tensors, the head kernel's variant) for
+        ``ops.decode_greedy``: the tensors VocabEmbedding.forward and LogitsHead.forward read,
+        when activations are bf16, the layers run as one native stack and the head's multiply
+        is native (a tied int8 table is read through the head's kernel too)."""
+        ops, m = self.ops, self.model
+        h, emb = m.lm_head, m.embed_tokens
+        if ops.decode_greedy is None or emb.dtype != torch.bfloat16:
+            return None
+        if h.int8_kernel is not None:
+            impl = ops.native_index.get("w8a8_linear")
+            if impl is None or h.int8_kernel is not ops.w8a8_linear:
+                return None
+            head = [h.qweight_packed, h.w_scale, h.inv_smooth]
+        else:
+            impl = ops.native_index.get("linear")
+            weight = h.tied_to.weight if h.tied_to is not None else h.weight
+            if impl is None or h.matmul is not ops.linear or weight.dtype != torch.bfloat16 or not weight.is_contiguous():
+                return None
+            head = [weight]
+        if emb.shared_head is not None:
+            if emb.shared_head is not h:
+                return None
+            embed = head
+        elif emb.is_int8:
+            embed = [emb.qweight, emb.row_scale]
+        else:
+            embed = [emb.weight]
+        stack = self.stack(torch.bfloat16)
+        return None if stack is None else (stack, embed, head, impl)

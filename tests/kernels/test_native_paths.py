@@ -1,0 +1,116 @@
+"""The native layer stack gives bit-identical results to the op-by-op path.
+
+csrc/common/decoder_layer.cpp composes the same kernels as anycore/models/llama.py does op by
+op, in one call for all layers (the runner's NativeExecutor picks it), so logits, sampled
+tokens and the KV pool must match exactly, for every Llama-family variant (qkv bias, q/k norm,
+untied head), in fp32 and bf16, dense and W8A8, through chunked prefill, prefix-cache hits and
+mixed prefill+decode batches. The executor's stack cache must follow hooks and replaced methods.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from anycore import LLM, SamplingParams
+from tests.models.test_tiny_models import _configs, write_checkpoint
+
+
+def _set_mode(llm: LLM, mode: str, stack_fn=None) -> None:
+    """"stack": one native call for all layers; "off": op by op."""
+    native = llm.engine.runner.native
+    native.enabled = mode == "stack"
+    native.ops = dataclasses.replace(native.ops, decoder_stack=stack_fn)
+    native._stack = None
+
+
+def _run(llm: LLM):
+    """Prompt logprobs, then a mixed batch: 3 prompts (one sharing a prefix) through a small
+    token budget so prefill chunks and decodes share steps."""
+    scores = llm.engine.score(list(range(3, 70)))
+    prompts = [list(range(5, 45)), [9, 9, 9], list(range(5, 30)) + [77, 78]]
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=2)
+    llm.engine.scheduler.max_num_batched_tokens = 16
+    outs = llm.generate(prompts, params)
+    return scores, [o.outputs[0].token_ids for o in outs], [o.outputs[0].logprobs for o in outs]
+
+
+@pytest.mark.parametrize("quantization", [None, "w8a8_int8"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("name", sorted(_configs()))
+def test_native_stack_is_bit_identical(tmp_path, tokenizer, name, dtype, quantization):
+    write_checkpoint(tmp_path, name, tokenizer)
+    results = {}
+    for mode in ("stack", "off"):
+        llm = LLM(model=str(tmp_path), dtype=dtype, kv_cache_gb=0.01, quantization=quantization)
+        ops, native = llm.engine.ops, llm.engine.runner.native
+        if ops.decoder_stack is None:
+            pytest.skip("no native decoder stack here (extension unavailable or some op not native)")
+        assert native.stack(llm.engine.dtype) is not None
+        calls = [0]
+
+        def counted(*a, fn=ops.decoder_stack, calls=calls):
+            calls[0] += 1
+            return fn(*a)
+
+        _set_mode(llm, mode, counted)
+        out = _run(llm)
+        assert (calls[0] > 0) == (mode == "stack"), calls  # each mode really ran its path (and only it)
+        results[mode] = out, llm.engine.kv_pool.k.clone(), llm.engine.kv_pool.v.clone()
+
+    (off, k_off, v_off), (on, k_on, v_on) = results["off"], results["stack"]
+    assert torch.equal(on[0], off[0])
+    assert on[1] == off[1] and on[2] == off[2]
+    assert torch.equal(k_on, k_off) and torch.equal(v_on, v_off)
+
+
+def test_stack_slots_follow_the_extension_layout():
+    """The executor fills each layer's weights in the order the extension declares."""
+    from anycore.engine.native_executor import native_layout
+    from anycore.kernels.dispatch import NATIVE_LINEAR_MAX_ROWS, select_ops
+
+    if select_ops().decoder_stack is None:
+        pytest.skip("no native decoder stack here")
+    names, max_rows = native_layout()
+    assert names[:4] == ("input_norm", "qkv.weight", "qkv.scale", "qkv.bias") and len(names) == 16
+    assert max_rows == NATIVE_LINEAR_MAX_ROWS
+
+
+def test_hooked_linear_runs_op_by_op(tmp_path, tokenizer):
+    """Forward hooks (e.g. calibration statistics) must see every projection's input."""
+    write_checkpoint(tmp_path, "qwen3-qk-norm", tokenizer)
+    llm = LLM(model=str(tmp_path), dtype="float32", kv_cache_gb=0.01)
+    native = llm.engine.runner.native
+    if llm.engine.ops.decoder_stack is None:
+        pytest.skip("no native decoder stack here")
+    llm.engine.score([1, 2, 3])  # builds and caches the stack: the hook must still invalidate it
+    assert native._stack is not None
+    seen = []
+    handle = llm.engine.model.layers[1].mlp.down_proj.register_forward_pre_hook(lambda m, a: seen.append(a[0].shape))
+    try:
+        assert native.stack(torch.float32) is None  # one hooked layer: no stack
+        llm.engine.score([5, 6, 7, 8])
+    finally:
+        handle.remove()
+    assert seen and seen[0][0] == 4
+    assert native.stack(torch.float32) is not None  # hook gone: one call again
+
+
+def test_a_replaced_method_rebuilds_the_stack(tmp_path, tokenizer):
+    """A projection given a new LinearMethod (what quantization does) must not keep running the
+    weights the old stack captured: the stack is rebuilt at the next forward."""
+    write_checkpoint(tmp_path, "mistral", tokenizer)
+    llm = LLM(model=str(tmp_path), dtype="float32", kv_cache_gb=0.01)
+    native = llm.engine.runner.native
+    if llm.engine.ops.decoder_stack is None:
+        pytest.skip("no native decoder stack here")
+    llm.engine.score([1, 2, 3])
+    old = native._stack
+    assert old is not None and native.stack(torch.float32) is old  # unchanged: reused
+    proj = llm.engine.model.layers[1].mlp.down_proj
+    proj.method = type(proj.method)()
+    assert not old.valid(torch.float32)
+    new = native.stack(torch.float32)
+    assert new is not None and new is not old
