@@ -1,4 +1,10 @@
-"""HF architecture name -> model class."""
+"""HF architecture name -> model class.
+
+Adding an architecture is one file: a module in this package whose class carries
+``@register("XForCausalLM")`` (every module here is imported on first lookup), or a class
+registered from anywhere before the engine starts. It declares its structure; the runner's
+NativeExecutor runs it op by op unless it declares ``native_layers()`` the native stack can run.
+"""
 
 from __future__ import annotations
 
@@ -37,7 +43,13 @@ def check_supported(architecture: str) -> None:
 
 
 def _import_models() -> None:
-    from anycore.models import llama  # noqa: F401  (registers on import)
+    import importlib
+    import pkgutil
+
+    import anycore.models as package
+
+    for info in pkgutil.iter_modules(package.__path__):
+        importlib.import_module(f"{package.__name__}.{info.name}")  # (registers on import)
 
 
 def build_model(
