@@ -1,4 +1,4 @@
-"""W8A8 INT8 matmul: the pure-torch reference and the torch-native fallback.
+"""W8A8 INT8 matmul: the pure-torch reference, the torch-native fallback and the native binding.
 
 Scheme (the one SGLang/vLLM call W8A8 INT8): weights int8 symmetric per output channel
 (``w ≈ qweight * w_scale[n]``), activations int8 symmetric per token, quantized at run time
@@ -109,3 +109,22 @@ def _acc_ref(xq: torch.Tensor, packed: torch.Tensor, n: int) -> torch.Tensor:
 
 TORCH_NATIVE_W8A8 = Int8Linear("torch-native", _pack_t, _unpack_t, w8a8_linear_torch, _acc_torch)
 REFERENCE_W8A8 = Int8Linear("reference", _pack_ref, _unpack_ref, w8a8_linear_reference, _acc_ref)
+
+
+def native_int8_linear(idx: int, impl: str) -> Int8Linear:
+    """The extension variant ``impl`` (index ``idx``): its packer and kernel; activations other
+    than fp32/bf16 run in fp32. Bound by anycore.kernels.dispatch after its CPU check."""
+    lib = torch.ops.anycore
+
+    def forward(x, packed, w_scale, bias=None):
+        if x.dtype not in (torch.float32, torch.bfloat16):
+            return lib.w8a8_linear(x.float(), packed, w_scale, bias, idx).to(x.dtype)
+        return lib.w8a8_linear(x, packed, w_scale, bias, idx)
+
+    return Int8Linear(
+        impl,
+        pack=lambda qweight: lib.int8_pack(qweight, idx),
+        unpack=lambda packed, n, k, rows=None: lib.int8_unpack(packed, n, k, idx, rows),
+        forward=forward,
+        acc=lambda xq, packed, n: lib.w8a8_int8_acc(xq, packed, n, idx),
+    )

@@ -1,37 +1,121 @@
-"""The kernel table: one implementation per op, chosen once at start-up.
+"""The kernel-op registry: one ``OpSpec`` per op, and the table of implementations a model calls.
+
+``OP_SPECS`` is the one list of ops; everything else is derived from it: ``OP_NAMES``, the ops
+each native variant declares (``anycore.platform.selection``, by kernel family), the
+torch-native table (``torch_native_ops``), the binding of a native variant and of the reference
+(``anycore.kernels.dispatch``) and the attributes of ``KernelOps`` (``ops.rms_norm``).
 
 A model never imports a kernel directly; it receives a ``KernelOps`` and calls through it, so
-the dispatch layer (``anycore.kernels.dispatch``) can swap native variants in and tests can run
-the same model on the reference ops.
+the dispatch layer can swap native variants in and tests can run the same model on the
+reference ops.
+
+Native calling convention: ``torch.ops.anycore.<name>`` takes the reference's arguments in the
+reference's order, then the variant index (``int impl``; csrc/common/ops.cpp); the binding calls
+it when the spec's ``native_when`` accepts the arguments and the torch-native implementation
+otherwise. tests/kernels/test_op_registry.py checks each schema against the reference's
+signature. Adding an op: csrc/README.md, "Adding an op".
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from anycore.kernels import torch_native
+import torch
 
-OP_NAMES = ("rms_norm", "add_rms_norm", "apply_rotary", "silu_and_mul", "paged_attention", "linear",
-            "w8a8_linear")
+from anycore.kernels import int8, reference, torch_native
+
+# C++ kernel families (csrc/common/kernel_table.h ANYCORE_<FAMILY>_KERNELS, and int8_impl.h):
+# a native variant declares ops by family in anycore/platform/selection.py
+FAMILIES = ("elementwise", "attention", "gemv", "int8")
+_NATIVE_DTYPES = (torch.float32, torch.bfloat16)
+_MAX_HEAD_DIM = 512  # kMaxHeadDim, csrc/common/kernel_table.h
+# rows up to which the native bf16 linear beats oneDNN (one VDPBF16PS tile of activation rows;
+# measured on x86: 1 thread, SmolLM2 decode shapes, native 26/28/35 ms vs oneDNN 48/49/50 ms at
+# 1/2/4 rows, 56 vs 48 ms at 8). The Arm variants use the same limit (their tiles are 4
+# activation rows too); not timed on Arm hardware. csrc/common/decoder_layer.cpp `project` and
+# decoder_layout.h kNativeLinearMaxRows apply the same rule.
+NATIVE_LINEAR_MAX_ROWS = 4
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """One kernel op: its oracle, its portable implementation, and how a native variant runs it."""
+
+    name: str
+    reference: Callable  # the oracle every implementation is tested against (kernels/reference.py)
+    torch_native: Callable  # the fallback on every CPU, same signature (the reference where fast enough)
+    # the C++ kernel family with a native kernel for this op; "" = torch-native only
+    family: str = ""
+    # native_when(*args) -> True when the native kernel takes these arguments (dtypes, shapes);
+    # else the torch-native implementation runs. None: always native.
+    native_when: Callable[..., bool] | None = None
+    # bind(variant index, variant name) -> the op, for ops whose native form is not one
+    # guarded call (w8a8_linear: an Int8Linear with the variant's own weight packer)
+    bind: Callable[[int, str], Callable] | None = None
+    doc: str = ""
+
+
+def _native_floats(x: torch.Tensor, *same: torch.Tensor) -> bool:
+    """fp32/bf16 input, and the other tensors in the same dtype."""
+    return x.dtype in _NATIVE_DTYPES and all(t.dtype == x.dtype for t in same)
+
+
+def _linear_native_when(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
+    # Native only for bf16 with at most NATIVE_LINEAR_MAX_ROWS rows (decode GEMV, small decode
+    # batches; measured faster than F.linear/oneDNN on x86, see selection.py for why Arm uses
+    # it). More rows, fp32, or odd layouts go to F.linear.
+    return (x.dtype is torch.bfloat16 and weight.dtype is torch.bfloat16
+            and x.numel() <= NATIVE_LINEAR_MAX_ROWS * x.shape[-1]
+            and weight.is_contiguous() and x.stride(-1) == 1)
+
+
+OP_SPECS: tuple[OpSpec, ...] = (
+    OpSpec("rms_norm", reference.rms_norm, reference.rms_norm, "elementwise",
+           lambda x, weight, eps: _native_floats(x, weight), doc="rms_norm(x, weight, eps)"),
+    OpSpec("add_rms_norm", reference.add_rms_norm, reference.add_rms_norm, "elementwise",
+           lambda x, residual, weight, eps: _native_floats(x, residual, weight),
+           doc="add_rms_norm(x, residual, weight, eps) -> (normed, x + residual)"),
+    OpSpec("apply_rotary", reference.apply_rotary, reference.apply_rotary, "elementwise",
+           lambda x, cos, sin, head_dim: _native_floats(x), doc="apply_rotary(x, cos, sin, head_dim)"),
+    OpSpec("silu_and_mul", reference.silu_and_mul, reference.silu_and_mul, "elementwise",
+           lambda x: _native_floats(x), doc="silu_and_mul(x [.., 2d]) -> [.., d]"),
+    OpSpec("paged_attention", reference.paged_attention, torch_native.paged_attention, "attention",
+           lambda q, k_cache, v_cache, q_start_loc, seq_lens, slot_table, scale:
+               _native_floats(q) and q.shape[-1] <= _MAX_HEAD_DIM,
+           doc="paged_attention(q, k_cache, v_cache, q_start_loc, seq_lens, slot_table, scale)"),
+    OpSpec("linear", reference.linear, reference.linear, "gemv", _linear_native_when,
+           doc="linear(x, weight, bias=None): F.linear's semantics (native for bf16 decode GEMV)"),
+    OpSpec("w8a8_linear", int8.REFERENCE_W8A8, int8.TORCH_NATIVE_W8A8, "int8", bind=int8.native_int8_linear,
+           doc="w8a8_linear(x, packed, w_scale, bias=None), an Int8Linear: its pack(qweight [N, K]) makes "
+               "`packed` once at load in the implementation's own layout (anycore.kernels.int8)"),
+)
+OP_NAMES: tuple[str, ...] = tuple(s.name for s in OP_SPECS)
 # the ops the fused decoder layer calls besides the projections, in its op_impls order
+# (csrc/common/decoder_layout.h OpIndex)
 FUSED_OPS = ("rms_norm", "add_rms_norm", "apply_rotary", "silu_and_mul", "paged_attention")
+
+
+def ops_of(family: str, specs: tuple[OpSpec, ...] = OP_SPECS) -> tuple[str, ...]:
+    """The ops with a native kernel in ``family``, in registry order."""
+    if family not in FAMILIES:
+        raise ValueError(f"unknown kernel family {family!r} (known: {', '.join(FAMILIES)})")
+    return tuple(s.name for s in specs if s.family == family)
+
+
+def spec(name: str, specs: tuple[OpSpec, ...] = OP_SPECS) -> OpSpec:
+    found = next((s for s in specs if s.name == name), None)
+    if found is None:
+        raise ValueError(f"no kernel op {name!r} (ops: {', '.join(s.name for s in specs)})")
+    return found
 
 
 @dataclass(frozen=True)
 class KernelOps:
-    """Callables with the signatures of ``anycore.kernels.reference``."""
+    """The bound implementations, one per op, read as attributes (``ops.rms_norm(x, w, eps)``)
+    with the signatures of ``anycore.kernels.reference``, plus the fused native entry points."""
 
-    rms_norm: Callable
-    add_rms_norm: Callable
-    apply_rotary: Callable
-    silu_and_mul: Callable
-    paged_attention: Callable
-    # linear(x, weight, bias=None) with F.linear's semantics (native only for bf16 decode GEMV)
-    linear: Callable = torch_native.linear
-    # w8a8_linear(x, packed, w_scale, bias=None), an ``Int8Linear``: its ``pack(qweight [N, K])``
-    # makes ``packed`` once at load in the implementation's own layout (anycore.kernels.int8)
-    w8a8_linear: Callable = torch_native.w8a8_linear
+    impls: Mapping[str, Callable]  # op name -> implementation, one per OpSpec
     # decoder_layer(hidden, residual, weights, linear_impls, k_cache, v_cache, slot_mapping, cos,
     # sin, q_start_loc, seq_lens, slot_table, num_heads, num_kv_heads, head_dim, eps, scale):
     # a whole Llama-family layer in one native call (csrc/common/decoder_layer.cpp), composed of
@@ -55,16 +139,15 @@ class KernelOps:
     # op name -> why that implementation was chosen (see anycore.platform.selection)
     reasons: dict[str, str] = field(default_factory=dict)
 
+    def __getattr__(self, name: str) -> Callable:
+        # only reached for names that are not fields: the ops
+        impls = self.__dict__.get("impls", {})
+        if name in impls:
+            return impls[name]
+        raise AttributeError(f"KernelOps has no op {name!r} (ops: {', '.join(impls)})")
 
-def torch_native_ops() -> KernelOps:
+
+def torch_native_ops(specs: tuple[OpSpec, ...] = OP_SPECS) -> KernelOps:
     """The portable torch-native table: runs on every architecture."""
-    return KernelOps(
-        rms_norm=torch_native.rms_norm,
-        add_rms_norm=torch_native.add_rms_norm,
-        apply_rotary=torch_native.apply_rotary,
-        silu_and_mul=torch_native.silu_and_mul,
-        paged_attention=torch_native.paged_attention,
-        linear=torch_native.linear,
-        w8a8_linear=torch_native.w8a8_linear,
-        choices={name: "torch-native" for name in OP_NAMES},
-    )
+    return KernelOps(impls={s.name: s.torch_native for s in specs},
+                     choices={s.name: "torch-native" for s in specs})

@@ -34,6 +34,11 @@ def add_rms_norm(
     return rms_norm(summed, weight, eps), summed
 
 
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x @ weight.T (+ bias)``, ``weight [out, in]``: F.linear's semantics, in the input dtype."""
+    return torch.nn.functional.linear(x, weight, bias)
+
+
 def rotary_cos_sin(inv_freq: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin tables ``[num_tokens, head_dim]`` for the given positions (rotate-half layout)."""
     freqs = positions.float()[:, None] * inv_freq.float()[None, :]

@@ -1,7 +1,10 @@
-"""Torch-native implementations: the fallback on every CPU, faster than the references.
+"""Torch-native implementations that differ from the references: faster fallbacks.
 
-Same signatures and numerics as ``anycore.kernels.reference``; attention uses
-``scaled_dot_product_attention`` and batches all single-token (decode) queries together.
+Same signatures and numerics as ``anycore.kernels.reference``. Ops whose reference is already
+fast enough use it as their torch-native implementation (their ``OpSpec`` in
+``anycore.kernels.ops`` says which; ``w8a8_linear``'s, on ``torch._int_mm``, is in
+``anycore.kernels.int8``). Attention uses ``scaled_dot_product_attention`` and batches all
+single-token (decode) queries together.
 """
 
 from __future__ import annotations
@@ -9,14 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from anycore.kernels.int8 import TORCH_NATIVE_W8A8 as w8a8_linear
-from anycore.kernels.reference import add_rms_norm, apply_rotary, rms_norm, silu_and_mul
-
-__all__ = ["rms_norm", "add_rms_norm", "apply_rotary", "silu_and_mul", "paged_attention", "linear", "w8a8_linear"]
-
-
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    return F.linear(x, weight, bias)
+__all__ = ["paged_attention"]
 
 
 def paged_attention(

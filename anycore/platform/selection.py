@@ -2,7 +2,9 @@
 
 ``VARIANTS`` is the one place that declares the native variants per architecture: the CPU
 flags each needs, the translation unit and compiler flags that build it (read by
-``anycore.kernels.build``), and the ops it implements. An op with no native variant on an
+``anycore.kernels.build``), and the ops it implements, by kernel family (``ELEMENTWISE``, ...:
+the ops of the registry ``anycore.kernels.ops.OP_SPECS`` in that family, so an op added there
+is declared by every variant that builds its family). An op with no native variant on an
 architecture is replaced there by its torch-native implementation; a variant declared with no
 ops is reserved (its ISA is detected and reported, but nothing is built for it yet).
 
@@ -17,13 +19,15 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from anycore.kernels.ops import OP_NAMES, ops_of
 from anycore.platform.features import CpuFeatures, is_sve_length_flag
 
-OPS = ("rms_norm", "add_rms_norm", "apply_rotary", "silu_and_mul", "paged_attention", "linear", "w8a8_linear")
-# ops every architecture has a native variant of; `linear` has one on x86-64 (AVX-512) and
-# aarch64 (Neon), not in generic (see VARIANTS)
-CORE_OPS = OPS[:5]
-_LINEAR_OPS = CORE_OPS + ("linear",)
+OPS = OP_NAMES
+# the registry's ops by C++ kernel family (csrc/common/kernel_table.h, int8_impl.h)
+ELEMENTWISE, ATTENTION, GEMV, INT8 = (ops_of(f) for f in ("elementwise", "attention", "gemv", "int8"))
+# what a vector variant (kernels_impl.h ANYCORE_DEFINE_TABLE) declares; `linear` (GEMV) only
+# where it beats torch (see below), so not in generic or avx2
+_VECTOR_OPS = ELEMENTWISE + ATTENTION + GEMV
 TORCH_NATIVE = "torch-native"
 REFERENCE = "reference"
 ENV_OVERRIDE = "ANYCORE_KERNELS"
@@ -62,33 +66,35 @@ _X86_AVX2 = ("-mavx2", "-mfma", "-mf16c")
 _X86_AVX512 = _X86_AVX2 + ("-mavx512f", "-mavx512bw", "-mavx512vl")
 
 VARIANTS: tuple[Variant, ...] = (
-    Variant("generic", "any", (), 0, "generic/generic.cpp", (), CORE_OPS + ("w8a8_linear",),
+    Variant("generic", "any", (), 0, "generic/generic.cpp", (), ELEMENTWISE + ATTENTION + INT8,
             "portable C++ at the architecture's baseline ISA"),
     # x86-64
-    Variant("avx2", "x86_64", ("avx2", "fma", "f16c"), 10, "x86/avx2.cpp", _X86_AVX2, CORE_OPS,
+    Variant("avx2", "x86_64", ("avx2", "fma", "f16c"), 10, "x86/avx2.cpp", _X86_AVX2, ELEMENTWISE + ATTENTION,
             "AVX2+FMA intrinsics"),
     Variant("avx512", "x86_64", ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl"), 20,
-            "x86/avx512.cpp", _X86_AVX512, _LINEAR_OPS, "AVX-512 intrinsics, bf16 converted in software"),
+            "x86/avx512.cpp", _X86_AVX512, _VECTOR_OPS, "AVX-512 intrinsics, bf16 converted in software"),
     Variant("avx512_vnni", "x86_64", ("avx512f", "avx512bw", "avx512vl", "avx512_vnni"), 25,
-            "x86/avx512_vnni.cpp", _X86_AVX512 + ("-mavx512vnni",), ("w8a8_linear",),
+            "x86/avx512_vnni.cpp", _X86_AVX512 + ("-mavx512vnni",), INT8,
             "VPDPBUSD int8 GEMM/GEMV (u8 activations + 128, column-sum correction)"),
     Variant("avx512_bf16", "x86_64",
             ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx512_vnni"), 30,
-            "x86/avx512_bf16.cpp", _X86_AVX512 + ("-mavx512bf16", "-mavx512vnni"), _LINEAR_OPS,
+            "x86/avx512_bf16.cpp", _X86_AVX512 + ("-mavx512bf16", "-mavx512vnni"), _VECTOR_OPS,
             "AVX-512 with native bf16 conversion and VDPBF16PS dot products"),
     Variant("amx", "x86_64", ("avx512f", "avx512bw", "avx512vl", "avx512_vnni", "amx_tile", "amx_int8"), 40,
-            "x86/amx.cpp", _X86_AVX512 + ("-mavx512vnni", "-mamx-tile", "-mamx-int8"), ("w8a8_linear",),
+            "x86/amx.cpp", _X86_AVX512 + ("-mavx512vnni", "-mamx-tile", "-mamx-int8"), INT8,
             "AMX-INT8 TDPBUSD tiles for M >= 32, VPDPBUSD below (same packed layout)"),
     # aarch64
-    Variant("neon", "aarch64", ("asimd",), 10, "aarch64/neon.cpp", ("-march=armv8-a",), _LINEAR_OPS,
+    Variant("neon", "aarch64", ("asimd",), 10, "aarch64/neon.cpp", ("-march=armv8-a",), _VECTOR_OPS,
             "Advanced SIMD intrinsics"),
     Variant("neon_bf16", "aarch64", ("asimd", "bf16"), 12, "aarch64/neon_bf16.cpp",
-            ("-march=armv8.2-a+bf16",), _LINEAR_OPS,
+            ("-march=armv8.2-a+bf16",), _VECTOR_OPS,
             "Neon with BFDOT bf16 dot products (linear, attention q.k); element-wise ops as neon"),
     Variant("dotprod", "aarch64", ("asimd", "asimddp"), 15, "aarch64/dotprod.cpp",
-            ("-march=armv8.2-a+dotprod",), ("w8a8_linear",), "SDOT int8 GEMM/GEMV"),
+            ("-march=armv8.2-a+dotprod",), INT8, "SDOT int8 GEMM/GEMV"),
     Variant("i8mm", "aarch64", ("asimd", "i8mm"), 16, "aarch64/i8mm.cpp",
-            ("-march=armv8.2-a+i8mm",), ("w8a8_linear",), "SMMLA int8 GEMM/GEMV (2x8 blocks)"),
+            ("-march=armv8.2-a+i8mm",), INT8, "SMMLA int8 GEMM/GEMV (2x8 blocks)"),
+    # its kernels are written by hand (aarch64/sve.cpp), not over a vector type: it lists its
+    # ops, so a new element-wise op is not claimed for it before it has an SVE kernel
     Variant("sve", "aarch64", ("sve",), 20, "aarch64/sve.cpp", ("-march=armv8.2-a+sve",),
             ("rms_norm", "add_rms_norm", "apply_rotary", "silu_and_mul"),
             "vector-length-agnostic SVE; paged_attention and linear stay on neon/neon_bf16"),
@@ -97,7 +103,7 @@ VARIANTS: tuple[Variant, ...] = (
     # (features.py: SVE with sve_vector_bits == 256), which an override cannot get around either.
     # svebf16: SVE BFDOT (HWCAP2_SVEBF16; every 256-bit SVE CPU with bf16 so far, Graviton3).
     Variant("sve256", "aarch64", ("sve", "bf16", "svebf16", "sve256"), 25, "aarch64/sve256.cpp",
-            ("-march=armv8.2-a+sve+bf16", "-msve-vector-bits=256"), _LINEAR_OPS,
+            ("-march=armv8.2-a+sve+bf16", "-msve-vector-bits=256"), _VECTOR_OPS,
             "fixed-length 256-bit SVE (Neoverse V1 / Graviton3), SVE BFDOT bf16 dot products"),
 )
 
@@ -135,8 +141,9 @@ class Selection:
         return {c.op: c.impl for c in self.choices}
 
 
-def parse_overrides(text: str | None) -> dict[str, str]:
-    """``"torch-native"`` / ``"generic"`` (every op) or ``"op=impl,op=impl"`` (``*`` = every op)."""
+def parse_overrides(text: str | None, ops: tuple[str, ...] = OPS) -> dict[str, str]:
+    """``"torch-native"`` / ``"generic"`` (every op) or ``"op=impl,op=impl"`` (``*`` = every op
+    of ``ops``)."""
     out: dict[str, str] = {}
     for part in (text or "").split(","):
         part = part.strip()
@@ -146,7 +153,7 @@ def parse_overrides(text: str | None) -> dict[str, str]:
         if not sep:
             op, impl = "*", part
         op, impl = op.strip(), impl.strip()
-        for name in OPS if op in ("*", "all") else (op,):
+        for name in ops if op in ("*", "all") else (op,):
             out[name] = impl
     return out
 
@@ -175,17 +182,19 @@ def select(
     available: Iterable[str] | None,
     overrides: Mapping[str, str] | str | None = None,
     ext_error: str = "",
+    ops: tuple[str, ...] = OPS,
 ) -> Selection:
-    """One choice per op. ``available``: variant names in the built extension, or ``None``."""
+    """One choice per op of ``ops`` (the registry's by default). ``available``: variant names in
+    the built extension, or ``None``."""
     avail = None if available is None else frozenset(available)
     if isinstance(overrides, str) or overrides is None:
-        overrides = parse_overrides(overrides)
+        overrides = parse_overrides(overrides, ops)
     warnings: list[str] = []
     for op in overrides:
-        if op not in OPS:
+        if op not in ops:
             warnings.append(f"override for unknown op {op!r} ignored")
     choices = []
-    for op in OPS:
+    for op in ops:
         auto = _auto(op, features, avail, ext_error)
         forced = overrides.get(op)
         if forced is None:

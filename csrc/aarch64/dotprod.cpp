@@ -61,9 +61,6 @@ struct DotprodMicro {
 }  // namespace
 
 extern const KernelTable kTable_dotprod;
-const KernelTable kTable_dotprod = {
-    "dotprod", {nullptr, nullptr}, {nullptr, nullptr}, {nullptr, nullptr}, {nullptr, nullptr},
-    {nullptr, nullptr}, {nullptr, nullptr}, {nullptr, nullptr}, {nullptr, nullptr}, ANYCORE_INT8_KERNELS(DotprodMicro),
-};
+constexpr KernelTable kTable_dotprod = int8_only_table("dotprod", ANYCORE_INT8_KERNELS(DotprodMicro));
 
 }  // namespace anycore

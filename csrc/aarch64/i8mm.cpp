@@ -56,9 +56,6 @@ struct I8mmMicro {
 }  // namespace
 
 extern const KernelTable kTable_i8mm;
-const KernelTable kTable_i8mm = {
-    "i8mm", {nullptr, nullptr}, {nullptr, nullptr}, {nullptr, nullptr}, {nullptr, nullptr},
-    {nullptr, nullptr}, {nullptr, nullptr}, {nullptr, nullptr}, {nullptr, nullptr}, ANYCORE_INT8_KERNELS(I8mmMicro),
-};
+constexpr KernelTable kTable_i8mm = int8_only_table("i8mm", ANYCORE_INT8_KERNELS(I8mmMicro));
 
 }  // namespace anycore

@@ -157,19 +157,21 @@ void silu_and_mul_sve(void* out_, const void* x_, int64_t xs, int64_t rows, int6
   });
 }
 
+// Only the element-wise ops (the sve Variant in platform/selection.py declares these four);
+// every other entry null.
+constexpr KernelTable sve_table() {
+  KernelTable t{};
+  t.name = "sve";
+  t.rms_norm[0] = &rms_norm_sve<float>, t.rms_norm[1] = &rms_norm_sve<bf16>;
+  t.add_rms_norm[0] = &add_rms_norm_sve<float>, t.add_rms_norm[1] = &add_rms_norm_sve<bf16>;
+  t.apply_rotary[0] = &rotary_sve<float>, t.apply_rotary[1] = &rotary_sve<bf16>;
+  t.silu_and_mul[0] = &silu_and_mul_sve<float>, t.silu_and_mul[1] = &silu_and_mul_sve<bf16>;
+  return t;
+}
+
 }  // namespace
 
 extern const KernelTable kTable_sve;
-const KernelTable kTable_sve = {
-    "sve",
-    {&rms_norm_sve<float>, &rms_norm_sve<bf16>},
-    {&add_rms_norm_sve<float>, &add_rms_norm_sve<bf16>},
-    {&rotary_sve<float>, &rotary_sve<bf16>},
-    {&silu_and_mul_sve<float>, &silu_and_mul_sve<bf16>},
-    {nullptr, nullptr},
-    {nullptr, nullptr},
-    {nullptr, nullptr},
-    {nullptr, nullptr},
-};
+constexpr KernelTable kTable_sve = sve_table();
 
 }  // namespace anycore

@@ -169,7 +169,7 @@ struct VecNeon {
   }
   // res[i * 4 + r] = dot(x + i * xs, w + r * k) for i < MR <= 4, r < nr <= 4: each weight
   // vector is loaded once for all MR activation rows (small-batch GEMM reads W once); called
-  // through dot_tile_bf16 in common/kernels_impl.h.
+  // through dot_tile_bf16 in common/gemv_kernels.h.
   template <int MR>
   static void dot_tile(const bf16* x, int64_t xs, const bf16* w, int64_t k, int64_t nr, float* res) {
     // Weight rows past nr re-read row nr - 1 (valid memory, results dropped): no branches in the

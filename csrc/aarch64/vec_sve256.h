@@ -3,7 +3,7 @@
 // with bf16 dot products on SVE BFDOT (same rounding remarks as BFDOT in vec_neon.h).
 //
 // The arm_sve_vector_bits(256) types have a size known at compile time, so they can be struct
-// members and array elements (the kernels in common/kernels_impl.h keep vectors in arrays). The
+// members and array elements (the kernels in common/*_kernels.h keep vectors in arrays). The
 // price: this code is only correct when the CPU's SVE vector length is exactly 256 bits.
 // -msve-vector-bits=256 makes the compiler use 8 lanes per vector everywhere (offsets, ptrue
 // VL8 patterns); on a 128-bit or 512-bit CPU the instructions still exist, so nothing traps:
@@ -170,7 +170,7 @@ struct VecSve256 {
   }
   // res[i * 4 + r] = dot(x + i * xs, w + r * k) for i < MR <= 4, r < nr <= 4: each weight
   // vector is loaded once for all MR activation rows (small-batch GEMM reads W once); called
-  // through dot_tile_bf16 in common/kernels_impl.h.
+  // through dot_tile_bf16 in common/gemv_kernels.h.
   template <int MR>
   static void dot_tile(const bf16* x, int64_t xs, const bf16* w, int64_t k, int64_t nr, float* res) {
     // Weight rows past nr re-read row nr - 1 (valid memory, results dropped): no branches in the

@@ -87,18 +87,45 @@ struct Int8Kernels {
   void (*gemm_panels)(const W8A8Args& args, int64_t p0, int64_t p1);
 };
 
+// The kernels a vector variant (kernels_impl.h, ANYCORE_DEFINE_TABLE) writes once over its vector
+// type V, by family: X(table field, function type, kernel template<V, T>). Each becomes a
+// [fp32, bf16] pair in KernelTable and is instantiated for every vector variant; a new op of a
+// family is one line here plus its kernel in that family's header (elementwise_kernels.h,
+// attention_kernels.h, gemv_kernels.h). Field names are the op names of
+// anycore/kernels/ops.py where the entry is an op (attention_units/_merge are attention's parts).
+#define ANYCORE_ELEMENTWISE_KERNELS(X)               \
+  X(rms_norm, RmsNormFn, rms_norm_kernel)            \
+  X(add_rms_norm, AddRmsNormFn, add_rms_norm_kernel) \
+  X(apply_rotary, RotaryFn, rotary_kernel)           \
+  X(silu_and_mul, SiluMulFn, silu_and_mul_kernel)
+#define ANYCORE_ATTENTION_KERNELS(X)                     \
+  X(paged_attention, AttnFn, paged_attention_kernel)     \
+  X(attention_units, AttnUnitsFn, attention_units_kernel) \
+  X(attention_merge, AttnMergeFn, attention_merge_kernel)
+#define ANYCORE_GEMV_KERNELS(X) X(linear, LinearFn, linear_kernel)
+#define ANYCORE_VECTOR_KERNELS(X) ANYCORE_ELEMENTWISE_KERNELS(X) ANYCORE_ATTENTION_KERNELS(X) ANYCORE_GEMV_KERNELS(X)
+
 struct KernelTable {
   const char* name;
-  RmsNormFn rms_norm[2];
-  AddRmsNormFn add_rms_norm[2];
-  RotaryFn apply_rotary[2];
-  SiluMulFn silu_and_mul[2];
-  AttnFn paged_attention[2];  // null entries fall back to the generic variant
-  LinearFn linear[2];
-  AttnUnitsFn attention_units[2];  // set together with paged_attention
-  AttnMergeFn attention_merge[2];
+  // a null entry falls back to the generic variant's (ANYCORE_PICK in ops.h)
+#define ANYCORE_TABLE_FIELD(FIELD, FN, KERNEL) FN FIELD[2];
+  ANYCORE_VECTOR_KERNELS(ANYCORE_TABLE_FIELD)
+#undef ANYCORE_TABLE_FIELD
   Int8Kernels int8;  // all null: the variant has no int8 kernels (ops.cpp then uses generic's)
 };
+
+namespace {
+
+// The table of a variant with only int8 kernels (every other entry null). constexpr, and the
+// variant's table is declared constexpr with it, so it is constant-initialised: no load-time code.
+constexpr KernelTable int8_only_table(const char* name, Int8Kernels int8) {
+  KernelTable t{};
+  t.name = name;
+  t.int8 = int8;
+  return t;
+}
+
+}  // namespace
 
 // Attention scratch limits shared by the work splitter and the kernels.
 constexpr int64_t kMaxHeadDim = 512;

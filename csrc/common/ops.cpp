@@ -138,23 +138,9 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k, const at::T
               "q_start_loc must be [batch+1], slot_table [batch, max_len]");
   const int64_t* st = starts.data_ptr<int64_t>();
   const int64_t* ln = lens.data_ptr<int64_t>();
-  const int64_t group = H / KV, per_item = std::max<int64_t>(1, kMaxAttnRows / group);
-  std::vector<int64_t> items;
-  items.reserve(4 * batch * KV);
-  for (int64_t b = 0; b < batch; ++b) {
-    const int64_t n = st[b + 1] - st[b];
-    TORCH_CHECK(n >= 0 && n <= ln[b] && ln[b] <= table2.size(1) && st[b + 1] <= T, "bad request ", b);
-    for (int64_t q0 = 0; q0 < n; q0 += per_item) {
-      for (int64_t h = 0; h < KV; ++h) items.insert(items.end(), {b, h, q0, std::min(n, q0 + per_item)});
-    }
-  }
-  // split-K by attention_splits; `splits` > 0 forces a count (tests)
-  const int64_t num_items = static_cast<int64_t>(items.size() / 4);
-  int64_t max_len = 0, max_q = 0;
-  for (int64_t b = 0; b < batch; ++b) max_len = std::max(max_len, ln[b]), max_q = std::max(max_q, st[b + 1] - st[b]);
-  if (splits <= 0) splits = attention_splits(num_items, max_q, max_len, at::get_num_threads());
-  splits = std::max<int64_t>(1, splits);
-  const int64_t rows_per_item = std::min(max_q, per_item) * group;
+  AttentionPlan plan = plan_attention(st, ln, batch, H, KV, table2.size(1), T, splits, at::get_num_threads());
+  splits = plan.num_splits;
+  const int64_t num_items = plan.num_items, rows_per_item = plan.rows_per_item;
   at::Tensor partial;
   if (splits > 1) partial = at::empty({num_items * splits * rows_per_item * (D + 2)}, q.options().dtype(at::kFloat));
   at::Tensor out = at::empty({T, H, D}, q.options());
@@ -173,8 +159,8 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k, const at::T
   a.seq_lens = ln;
   a.slots = table2.data_ptr<int64_t>();
   a.slots_stride = table2.size(1);
-  a.items = items.data();
-  a.num_items = static_cast<int64_t>(items.size() / 4);
+  a.items = plan.items.data();
+  a.num_items = num_items;
   a.num_heads = H, a.num_kv_heads = KV, a.head_dim = D;
   a.scale = static_cast<float>(scale);
   ANYCORE_PICK(paged_attention, impl, dt)(a);
@@ -316,11 +302,29 @@ std::vector<std::string> variants() {
   return names;
 }
 
+// The entries variant `impl` fills itself (both dtypes), by table field name, with
+// "w8a8_linear" for its own int8 kernels: tests check each op the selection table declares for
+// a variant against this, so a variant never claims an op that would silently run generic's.
+std::vector<std::string> variant_kernels(int64_t impl) {
+  const KernelTable& t = table(impl);
+  std::vector<std::string> names;
+#define ANYCORE_FILLED(FIELD, FN, KERNEL) \
+  if (t.FIELD[0] && t.FIELD[1]) names.emplace_back(#FIELD);
+  ANYCORE_VECTOR_KERNELS(ANYCORE_FILLED)
+#undef ANYCORE_FILLED
+  if (t.int8.w8a8_linear) names.emplace_back("w8a8_linear");
+  return names;
+}
+
 }  // namespace ops
 
+// The schemas are written out, not generated from the kernel lists (kernel_table.h): each is an
+// op's Python signature, the reference's arguments in order then `int impl` (the calling
+// convention of anycore/kernels/ops.py; tests/kernels/test_op_registry.py checks it).
 TORCH_LIBRARY(anycore, m) {
   using namespace ops;
   m.def("variants() -> str[]", &variants);
+  m.def("variant_kernels(int impl) -> str[]", &variant_kernels);
   m.def("rms_norm(Tensor x, Tensor weight, float eps, int impl) -> Tensor", &rms_norm);
   m.def("add_rms_norm(Tensor x, Tensor residual, Tensor weight, float eps, int impl) -> (Tensor, Tensor)",
         &add_rms_norm);

@@ -8,6 +8,7 @@
 #include <optional>
 #include <tuple>
 
+#include "attention_plan.h"
 #include "decoder_layout.h"
 #include "kernel_table.h"
 
@@ -35,14 +36,6 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k, const at::T
 at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& bias, int64_t impl);
 at::Tensor w8a8_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& w_scale,
                        const std::optional<at::Tensor>& bias, int64_t impl);
-// Split-K for decode-only batches (max_q == 1) with too few (request, kv head) items to fill
-// the threads and long enough contexts (>= 4 key blocks per split); 1 otherwise. Shared by
-// paged_attention and the decode team, whose results must agree bit for bit.
-inline int64_t attention_splits(int64_t num_items, int64_t max_q, int64_t max_len, int64_t threads) {
-  if (max_q != 1 || num_items <= 0 || num_items >= threads) return 1;
-  return std::max<int64_t>(1, std::min((2 * threads + num_items - 1) / num_items, max_len / (4 * kKeyBlock)));
-}
-
 at::Tensor int8_unpack(const at::Tensor& packed, int64_t n, int64_t k, int64_t impl,
                        const std::optional<at::Tensor>& rows);  // rows (all: nullopt) of a packed weight
 

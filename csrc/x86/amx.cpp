@@ -104,12 +104,9 @@ void w8a8_linear_amx(const W8A8Args& a) {
 }  // namespace
 
 extern const KernelTable kTable_amx;
-const KernelTable kTable_amx = {
-    "amx", {nullptr, nullptr}, {nullptr, nullptr}, {nullptr, nullptr}, {nullptr, nullptr},
-    {nullptr, nullptr}, {nullptr, nullptr}, {nullptr, nullptr}, {nullptr, nullptr},
-    {&int8_packed_bytes<AmxLayoutMicro>, &int8_pack<AmxLayoutMicro>, &int8_unpack<AmxLayoutMicro>,
-     &int8_workspace_bytes<AmxLayoutMicro>, &w8a8_linear_amx, &i8_quantize_row<AmxLayoutMicro>,
-     &i8_gemm_panels<AmxLayoutMicro>},
-};
+constexpr KernelTable kTable_amx = int8_only_table(
+    "amx", {&int8_packed_bytes<AmxLayoutMicro>, &int8_pack<AmxLayoutMicro>, &int8_unpack<AmxLayoutMicro>,
+            &int8_workspace_bytes<AmxLayoutMicro>, &w8a8_linear_amx, &i8_quantize_row<AmxLayoutMicro>,
+            &i8_gemm_panels<AmxLayoutMicro>});
 
 }  // namespace anycore

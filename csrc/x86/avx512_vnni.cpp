@@ -9,9 +9,6 @@ using VnniMicro = VnniMicroT<4, 1>;
 }  // namespace
 
 extern const KernelTable kTable_avx512_vnni;
-const KernelTable kTable_avx512_vnni = {
-    "avx512_vnni", {nullptr, nullptr}, {nullptr, nullptr}, {nullptr, nullptr}, {nullptr, nullptr},
-    {nullptr, nullptr}, {nullptr, nullptr}, {nullptr, nullptr}, {nullptr, nullptr}, ANYCORE_INT8_KERNELS(VnniMicro),
-};
+constexpr KernelTable kTable_avx512_vnni = int8_only_table("avx512_vnni", ANYCORE_INT8_KERNELS(VnniMicro));
 
 }  // namespace anycore

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 import torch
 
-from anycore.kernels import build, dispatch
+from anycore.kernels import build, dispatch, reference
 from anycore.kernels.build import ExtensionInfo
 from anycore.platform.features import detect
 
@@ -48,7 +48,7 @@ def test_no_extension_means_torch_native_everywhere():
     assert set(ops.choices.values()) == {"torch-native"}
     assert all("simulated" in r or "no native variant" in r or "lacks" in r for r in ops.reasons.values())
     x, w = torch.randn(3, 64), torch.randn(64)
-    torch.testing.assert_close(ops.rms_norm(x, w, 1e-6), dispatch.reference.rms_norm(x, w, 1e-6))
+    torch.testing.assert_close(ops.rms_norm(x, w, 1e-6), reference.rms_norm(x, w, 1e-6))
 
 
 def test_forcing_a_missing_variant_raises_not_sigill():
@@ -75,3 +75,22 @@ def test_isa_objects_export_only_their_table():
         exported = [ln.split(" ", 2)[2] for ln in out.splitlines()
                     if ln.split(" ")[1:2] and ln.split(" ")[1] in "TWVuDRB" and "DW.ref." not in ln]
         assert len(exported) == 1 and exported[0].startswith("anycore::kTable_"), (o.name, exported)
+
+
+def test_isa_objects_run_no_code_at_load():
+    """Each variant's table is constant-initialised (constexpr): an ISA object has no
+    initialisers, so loading the library runs nothing compiled with that ISA's flags."""
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    info = build.load_extension()
+    readelf = shutil.which("readelf")
+    if not info.available or readelf is None:
+        pytest.skip("needs the built extension and readelf")
+    baseline = {src.replace("/", "_").removesuffix(".cpp") + ".o" for src in build.TORCH_UNITS}
+    objs = [o for o in sorted(Path(info.build_dir, "obj").glob("*.o")) if o.name not in baseline]
+    assert objs
+    for o in objs:
+        sections = subprocess.run([readelf, "-S", "-W", str(o)], capture_output=True, text=True).stdout
+        assert ".init_array" not in sections and ".ctors" not in sections, o.name

@@ -189,10 +189,27 @@ def test_variant_table_is_consistent():
         assert any(v.name == "generic" for v in sel.buildable_variants(arch))
 
 
-def test_ops_match_kernel_table():
-    from anycore.kernels.ops import OP_NAMES
+def test_ops_come_from_the_registry_by_family():
+    from anycore.kernels.ops import OP_NAMES, ops_of
 
-    assert tuple(OP_NAMES) == sel.OPS
+    assert sel.OPS == OP_NAMES
+    assert sel.variant("generic").ops == ops_of("elementwise") + ops_of("attention") + ops_of("int8")
+    for name in ("avx512", "avx512_bf16", "neon", "neon_bf16", "sve256"):  # vector variants with the GEMV
+        assert sel.variant(name).ops == ops_of("elementwise") + ops_of("attention") + ops_of("gemv"), name
+    for name in ("avx512_vnni", "amx", "dotprod", "i8mm"):
+        assert sel.variant(name).ops == ops_of("int8") == ("w8a8_linear",), name
+    assert sel.variant("sve").ops == ("rms_norm", "add_rms_norm", "apply_rotary", "silu_and_mul")
+
+
+def test_an_op_without_native_variants_is_torch_native_everywhere():
+    ops = (*sel.OPS, "gelu_and_mul")  # e.g. a registered torch-native-only op
+    for features, available in ((X86_AMX, ALL_X86), (ARM_SVE256, ALL_ARM), (RISCV, ("generic",)), (X86_AVX2, None)):
+        s = sel.select(features, available, ops=ops)
+        assert s.impl("gelu_and_mul") == "torch-native"
+        assert {c.op: c.impl for c in s.choices if c.op != "gelu_and_mul"} == sel.select(features, available).as_dict()
+    reason = next(c.reason for c in sel.select(X86_AMX, ALL_X86, ops=ops).choices if c.op == "gelu_and_mul")
+    assert reason == "no native variant of gelu_and_mul on x86_64"
+    assert sel.parse_overrides("*=reference", ops) == {op: "reference" for op in ops}
 
 
 @pytest.mark.arm64

@@ -1,0 +1,265 @@
+// Paged attention over a vector type V and a storage type T (ANYCORE_ATTENTION_KERNELS in
+// kernel_table.h): the whole op, and its parts (units of work, the split-K merge) for callers
+// already inside a parallel region. The work items and the split count are planned by
+// attention_plan.h (baseline code, shared with the decode team).
+//
+// One work item = (request, kv head, block of queries); its rows are (query, head in group)
+// pairs sharing the same K/V. Keys are visited in blocks of kKeyBlock with an online softmax
+// (running max m, running sum l, unnormalised accumulator acc), so scratch is bounded.
+#pragma once
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+
+#include "kernel_helpers.h"
+#include "kernel_table.h"
+#include "parallel.h"
+
+namespace anycore {
+namespace {
+
+template <typename V, typename T>
+inline float dot_qk(const float* qf, const T* qraw, const T* k, int64_t d) {
+  if constexpr (V::kBf16Dot && kIsBf16<T>) {
+    return V::dot_bf16(qraw, k, d);
+  } else {
+    V acc = V::zero();
+    for (int64_t i = 0; i < d; i += V::W) acc = V::fma(V::load(qf + i), load_any<V>(k + i, d - i), acc);
+    return acc.sum();
+  }
+}
+
+template <typename V, typename T>
+void attn_item(const AttnArgs& a, const int64_t* item, int64_t split, float* scratch) {
+  static_assert(kKeyBlock == 2 * V::W, "the blocked path handles a key block as two vectors");
+  const int64_t req = item[0], kvh = item[1], q0 = item[2], q1 = item[3];
+  const int64_t D = a.head_dim, group = a.num_heads / a.num_kv_heads;
+  const int64_t rows = (q1 - q0) * group;
+  const int64_t dpad = (D + V::W - 1) / V::W * V::W;
+  const int64_t seq_len = a.seq_lens[req];
+  const int64_t qbase = a.q_start[req];
+  const int64_t first_pos = seq_len - (a.q_start[req + 1] - qbase);
+  const int64_t* slots = a.slots + req * a.slots_stride;
+  const T* q = static_cast<const T*>(a.q);
+  const T* kc = static_cast<const T*>(a.k);
+  const T* vc = static_cast<const T*>(a.v);
+  T* out = static_cast<T*>(a.out);
+
+  float* qf = scratch;                     // [rows, dpad]
+  float* acc = qf + kMaxAttnRows * dpad;   // [rows, dpad]
+  float* sc = acc + kMaxAttnRows * dpad;   // [rows, kKeyBlock] scores, then probabilities
+  float* kt = sc + kMaxAttnRows * kKeyBlock;  // [dpad, kKeyBlock] K block transposed (fp32)
+  float* vb = kt + dpad * kKeyBlock;          // [kKeyBlock, dpad] V block (fp32)
+  // Many rows (prefill, big GQA groups): convert the K/V block to fp32 once and compute 16
+  // scores per FMA chain from K transposed (no horizontal sums). Few rows (decode): one dot
+  // product per (row, key) straight from the cache.
+  const bool blocked = rows >= 8;
+  float m[kMaxAttnRows], l[kMaxAttnRows], alpha[kMaxAttnRows];
+  int64_t pos[kMaxAttnRows];
+  const T* qrow[kMaxAttnRows];
+  for (int64_t r = 0; r < rows; ++r) {
+    int64_t qi = q0 + r / group, h = kvh * group + r % group;
+    qrow[r] = q + (qbase + qi) * a.q_st + h * a.q_sh;
+    for (int64_t i = 0; i < dpad; ++i) qf[r * dpad + i] = i < D ? to_float(qrow[r][i]) : 0.0f;
+    for (int64_t i = 0; i < dpad; ++i) acc[r * dpad + i] = 0.0f;
+    m[r] = -INFINITY;
+    l[r] = 0.0f;
+    pos[r] = first_pos + qi;
+  }
+  int64_t kv_begin = 0, kv_end = first_pos + q1;
+  if (a.num_splits > 1) {  // this unit's share of the keys, in whole key blocks
+    const int64_t blocks = (kv_end + kKeyBlock - 1) / kKeyBlock;
+    const int64_t per = (blocks + a.num_splits - 1) / a.num_splits;
+    kv_begin = split * per * kKeyBlock;
+    kv_end = std::min(kv_end, (split + 1) * per * kKeyBlock);
+  }
+  const T* kp[kKeyBlock];
+  const T* vp[kKeyBlock];
+  for (int64_t kb = kv_begin; kb < kv_end; kb += kKeyBlock) {
+    const int64_t bn = kv_end - kb < kKeyBlock ? kv_end - kb : kKeyBlock;
+    for (int64_t b = 0; b < bn; ++b) {
+      int64_t slot = slots[kb + b];
+      kp[b] = kc + slot * a.k_ss + kvh * a.k_sh;
+      vp[b] = vc + slot * a.v_ss + kvh * a.v_sh;
+    }
+    if (blocked) {
+      // a short last block: the score loop reads all kKeyBlock columns, so zero the unused ones
+      if (bn < kKeyBlock) std::fill(kt, kt + dpad * kKeyBlock, 0.0f);
+      for (int64_t b = 0; b < bn; ++b) {
+        for (int64_t d = 0; d < D; ++d) kt[d * kKeyBlock + b] = to_float(kp[b][d]);
+        for (int64_t d = 0; d < dpad; d += V::W) load_any<V>(vp[b] + d, D - d).store(vb + b * dpad + d);
+      }
+      // scores of two rows x kKeyBlock keys: four independent FMA chains share each K load
+      const V vscale = V::set1(a.scale);
+      for (int64_t r = 0; r < rows; r += 2) {
+        const int64_t r1 = r + 1 < rows ? r + 1 : r;
+        if (pos[r1] < kb) continue;  // pos is non-decreasing in r: both rows see nothing here
+        const float* qa = qf + r * dpad;
+        const float* qb = qf + r1 * dpad;
+        V a0 = V::zero(), a1 = V::zero(), b0 = V::zero(), b1 = V::zero();
+        for (int64_t d = 0; d < D; ++d) {
+          const V k0 = V::load(kt + d * kKeyBlock), k1 = V::load(kt + d * kKeyBlock + V::W);
+          const V x = V::set1(qa[d]), y = V::set1(qb[d]);
+          a0 = V::fma(x, k0, a0);
+          a1 = V::fma(x, k1, a1);
+          b0 = V::fma(y, k0, b0);
+          b1 = V::fma(y, k1, b1);
+        }
+        (a0 * vscale).store(sc + r * kKeyBlock);
+        (a1 * vscale).store(sc + r * kKeyBlock + V::W);
+        (b0 * vscale).store(sc + r1 * kKeyBlock);
+        (b1 * vscale).store(sc + r1 * kKeyBlock + V::W);
+      }
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+      float* p = sc + r * kKeyBlock;
+      int64_t visible = pos[r] - kb + 1;  // causal: keys kb..pos[r]
+      if (visible > bn) visible = bn;
+      alpha[r] = 1.0f;
+      if (visible <= 0) {
+        if (blocked) std::fill(p, p + kKeyBlock, 0.0f);
+        continue;
+      }
+      float mb = -INFINITY;
+      int64_t b0 = 0;
+      if (blocked) {  // scores are there already: vector max over whole vectors, scalar tail
+        if (visible >= V::W) {
+          V vmax = V::load(p);
+          for (b0 = V::W; b0 + V::W <= visible; b0 += V::W) vmax = V::max(vmax, V::load(p + b0));
+          mb = vmax.hmax();
+        }
+      }
+      for (int64_t b = b0; b < visible; ++b) {
+        if (!blocked) p[b] = dot_qk<V, T>(qf + r * dpad, qrow[r], kp[b], D) * a.scale;
+        mb = p[b] > mb ? p[b] : mb;
+      }
+      const float m_new = mb > m[r] ? mb : m[r];
+      alpha[r] = std::exp(m[r] - m_new);
+      const V vm = V::set1(m_new);
+      V psum = V::zero();
+      for (int64_t b = 0; b < visible; b += V::W) {
+        int64_t n = visible - b;
+        V e = (load_any<V>(p + b, n) - vm).exp();
+        store_any(e, p + b, n);
+        if (n < V::W) e = V::template load_n<float>(p + b, static_cast<int>(n));  // zero the tail
+        psum = psum + e;
+      }
+      if (blocked) std::fill(p + visible, p + kKeyBlock, 0.0f);
+      l[r] = l[r] * alpha[r] + psum.sum();
+      m[r] = m_new;
+      if (blocked) continue;
+      const V va = V::set1(alpha[r]);
+      float* ar = acc + r * dpad;
+      for (int64_t d = 0; d < D; d += V::W) {
+        V s = V::load(ar + d) * va;
+        for (int64_t b = 0; b < visible; ++b) s = V::fma(V::set1(p[b]), load_any<V>(vp[b] + d, D - d), s);
+        s.store(ar + d);
+      }
+    }
+    if (blocked) {
+      // acc = acc * alpha + P V for two rows at a time, even/odd keys in separate chains;
+      // masked keys have p == 0 and masked rows alpha == 1, so every row runs the same loop.
+      for (int64_t r = 0; r < rows; r += 2) {
+        const int64_t r1 = r + 1 < rows ? r + 1 : r;
+        if (pos[r1] < kb) continue;
+        const float* pa = sc + r * kKeyBlock;
+        const float* pb = sc + r1 * kKeyBlock;
+        for (int64_t d = 0; d < dpad; d += V::W) {
+          V xa = V::load(acc + r * dpad + d) * V::set1(alpha[r]), xa2 = V::zero();
+          V xb = V::load(acc + r1 * dpad + d) * V::set1(alpha[r1]), xb2 = V::zero();
+          int64_t b = 0;
+          for (; b + 1 < bn; b += 2) {
+            const V v0 = V::load(vb + b * dpad + d), v1 = V::load(vb + (b + 1) * dpad + d);
+            xa = V::fma(V::set1(pa[b]), v0, xa);
+            xb = V::fma(V::set1(pb[b]), v0, xb);
+            xa2 = V::fma(V::set1(pa[b + 1]), v1, xa2);
+            xb2 = V::fma(V::set1(pb[b + 1]), v1, xb2);
+          }
+          if (b < bn) {
+            const V v0 = V::load(vb + b * dpad + d);
+            xa = V::fma(V::set1(pa[b]), v0, xa);
+            xb = V::fma(V::set1(pb[b]), v0, xb);
+          }
+          (xb + xb2).store(acc + r1 * dpad + d);
+          (xa + xa2).store(acc + r * dpad + d);  // after r1's store: r1 == r on an odd last row
+        }
+      }
+    }
+  }
+  if (a.num_splits > 1) {  // unnormalised state for attn_merge: acc [rows, D], then m, l
+    float* dst = a.partial + ((item - a.items) / 4 * a.num_splits + split) * a.rows_per_item * (D + 2);
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t d = 0; d < D; ++d) dst[r * (D + 2) + d] = acc[r * dpad + d];
+      dst[r * (D + 2) + D] = m[r];
+      dst[r * (D + 2) + D + 1] = l[r];
+    }
+    return;
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    int64_t qi = q0 + r / group, h = kvh * group + r % group;
+    T* o = out + ((qbase + qi) * a.num_heads + h) * D;
+    const V inv = V::set1(l[r] > 0.0f ? 1.0f / l[r] : 0.0f);
+    for (int64_t d = 0; d < D; d += V::W) store_any(V::load(acc + r * dpad + d) * inv, o + d, D - d);
+  }
+}
+
+// Combines the num_splits partial states of one item: rescale each by exp(m_s - max m).
+template <typename V, typename T>
+void attn_merge(const AttnArgs& a, int64_t it) {
+  const int64_t* item = a.items + 4 * it;
+  const int64_t kvh = item[1], q0 = item[2], q1 = item[3], D = a.head_dim;
+  const int64_t group = a.num_heads / a.num_kv_heads, rows = (q1 - q0) * group;
+  const int64_t qbase = a.q_start[item[0]], stride = a.rows_per_item * (D + 2);
+  const float* src = a.partial + it * a.num_splits * stride;
+  T* out = static_cast<T*>(a.out);
+  float acc[kMaxHeadDim];
+  for (int64_t r = 0; r < rows; ++r) {
+    float mx = -INFINITY, l = 0.0f;
+    for (int64_t s = 0; s < a.num_splits; ++s) mx = std::max(mx, src[s * stride + r * (D + 2) + D]);
+    for (int64_t d = 0; d < D; ++d) acc[d] = 0.0f;
+    for (int64_t s = 0; s < a.num_splits; ++s) {
+      const float* p = src + s * stride + r * (D + 2);
+      if (p[D + 1] <= 0.0f) continue;  // a split with no visible keys
+      const float w = std::exp(p[D] - mx);
+      l += p[D + 1] * w;
+      for (int64_t d = 0; d < D; ++d) acc[d] += p[d] * w;
+    }
+    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    T* o = out + ((qbase + q0 + r / group) * a.num_heads + kvh * group + r % group) * D;
+    for (int64_t d = 0; d < D; ++d) o[d] = from_float<T>(acc[d] * inv);
+  }
+}
+
+template <typename V, typename T>
+void attention_units_kernel(const AttnArgs& a, int64_t begin, int64_t end, float* scratch) {
+  static_assert(V::W <= kMaxVecWidth, "attn_scratch_floats assumes at most kMaxVecWidth lanes");
+  const int64_t splits = a.num_splits > 1 ? a.num_splits : 1;
+  for (int64_t u = begin; u < end; ++u) attn_item<V, T>(a, a.items + 4 * (u / splits), u % splits, scratch);
+}
+
+template <typename V, typename T>
+void attention_merge_kernel(const AttnArgs& a, int64_t begin, int64_t end) {
+  for (int64_t i = begin; i < end; ++i) attn_merge<V, T>(a, i);
+}
+
+template <typename V, typename T>
+void paged_attention_kernel(const AttnArgs& a) {
+  const int64_t splits = a.num_splits > 1 ? a.num_splits : 1, units = a.num_items * splits;
+  const int64_t max_threads = omp_in_parallel() ? 1 : omp_get_max_threads();
+  const int nt = static_cast<int>(units < max_threads ? units : max_threads);
+#pragma omp parallel num_threads(nt > 0 ? nt : 1)
+  {
+    float* scratch = static_cast<float*>(std::malloc(sizeof(float) * attn_scratch_floats(a.head_dim)));
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t u = 0; u < units; ++u) attention_units_kernel<V, T>(a, u, u + 1, scratch);
+    std::free(scratch);
+    if (splits > 1) {
+#pragma omp for schedule(static)
+      for (int64_t i = 0; i < a.num_items; ++i) attn_merge<V, T>(a, i);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace anycore
