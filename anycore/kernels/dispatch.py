@@ -55,16 +55,16 @@ def select_ops(
     fns = {c.op: make_op(c.op, c.impl, ext, specs) for c in sel.choices}
     native_index = {c.op: ext.variants.index(c.impl) for c in sel.choices
                     if ext is not None and c.impl in ext.variants}
-    fused = stack = stack_weights = greedy = None
+    stack = stack_weights = greedy = None
     if all(op in native_index for op in FUSED_OPS):
-        fused, stack, stack_weights = _bind_decoder_layer([native_index[op] for op in FUSED_OPS])
+        stack, stack_weights = _bind_decoder_stack([native_index[op] for op in FUSED_OPS])
         greedy = torch.ops.anycore.decode_greedy.default
     for c in sel.choices:
         log.info("kernel %s -> %s (%s)", c.op, c.impl, c.reason)
-    log.info("kernel decoder_layer -> %s", "fused native" if fused else "unfused (some op is not native)")
+    log.info("kernel decoder_stack -> %s", "native" if stack else "op by op (some op is not native)")
     for w in sel.warnings:
         log.warning("kernels: %s", w)
-    return KernelOps(fns, decoder_layer=fused, decoder_stack=stack, stack_weights=stack_weights,
+    return KernelOps(fns, decoder_stack=stack, stack_weights=stack_weights,
                      decode_greedy=greedy, native_index=native_index, choices=sel.as_dict(),
                      reasons={c.op: c.reason for c in sel.choices})
 
@@ -144,20 +144,13 @@ def _bind_guarded(s: OpSpec, idx: int) -> Callable:
     return op
 
 
-def _bind_decoder_layer(op_impls: list[int]) -> tuple[Callable, Callable, Callable]:
-    """(decoder_layer, decoder_stack, stack_weights) with the five non-linear ops' variant
-    indices bound."""
-    layer, stack = torch.ops.anycore.decoder_layer.default, torch.ops.anycore.decoder_stack.default
-
-    def decoder_layer(hidden, residual, weights, linear_impls, k_cache, v_cache, slot_mapping, cos, sin,
-                      q_start_loc, seq_lens, slot_table, num_heads, num_kv_heads, head_dim, eps, scale):
-        return layer(hidden, residual, weights, linear_impls, op_impls, k_cache, v_cache, slot_mapping, cos, sin,
-                     q_start_loc, seq_lens, slot_table, num_heads, num_kv_heads, head_dim, eps, scale)
+def _bind_decoder_stack(op_impls: list[int]) -> tuple[Callable, Callable]:
+    """(decoder_stack, stack_weights) with the five non-linear ops' variant indices bound."""
 
     def stack_weights(weights, linear_impls):
         return torch.classes.anycore.StackWeights(weights, linear_impls, op_impls)
 
-    return decoder_layer, stack, stack_weights
+    return torch.ops.anycore.decoder_stack.default, stack_weights
 
 
 def implementations(op: str) -> list[tuple[str, str]]:

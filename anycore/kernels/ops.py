@@ -33,8 +33,9 @@ _MAX_HEAD_DIM = 512  # kMaxHeadDim, csrc/common/kernel_table.h
 # rows up to which the native bf16 linear beats oneDNN (one VDPBF16PS tile of activation rows;
 # measured on x86: 1 thread, SmolLM2 decode shapes, native 26/28/35 ms vs oneDNN 48/49/50 ms at
 # 1/2/4 rows, 56 vs 48 ms at 8). The Arm variants use the same limit (their tiles are 4
-# activation rows too); not timed on Arm hardware. csrc/common/decoder_layer.cpp `project` and
-# decoder_layout.h kNativeLinearMaxRows apply the same rule.
+# activation rows too); not timed on Arm hardware. The native stack applies the same rule with
+# csrc/common/decoder_layout.h kNativeLinearMaxRows (tests/kernels/test_native_paths.py checks
+# the two agree, through native_linear_max_rows()).
 NATIVE_LINEAR_MAX_ROWS = 4
 
 
@@ -91,7 +92,7 @@ OP_SPECS: tuple[OpSpec, ...] = (
                "`packed` once at load in the implementation's own layout (anycore.kernels.int8)"),
 )
 OP_NAMES: tuple[str, ...] = tuple(s.name for s in OP_SPECS)
-# the ops the fused decoder layer calls besides the projections, in its op_impls order
+# the ops the native decoder stack calls besides the projections, in its op_impls order
 # (csrc/common/decoder_layout.h OpIndex)
 FUSED_OPS = ("rms_norm", "add_rms_norm", "apply_rotary", "silu_and_mul", "paged_attention")
 
@@ -116,15 +117,12 @@ class KernelOps:
     with the signatures of ``anycore.kernels.reference``, plus the fused native entry points."""
 
     impls: Mapping[str, Callable]  # op name -> implementation, one per OpSpec
-    # decoder_layer(hidden, residual, weights, linear_impls, k_cache, v_cache, slot_mapping, cos,
-    # sin, q_start_loc, seq_lens, slot_table, num_heads, num_kv_heads, head_dim, eps, scale):
-    # a whole Llama-family layer in one native call (csrc/common/decoder_layer.cpp), composed of
-    # the ops above; None unless all five non-linear ops are native (see FUSED_OPS)
-    decoder_layer: Callable | None = None
     # decoder_stack(hidden, stack_weights, k_pool, v_pool, slot_mapping, cos, sin, q_start_loc,
     # seq_lens, slot_table, num_heads, num_kv_heads, head_dim, eps, scale): every layer in one
-    # native call (the pools whole), with stack_weights(weights, linear_impls) made once from the
-    # layers' weights and variant indices concatenated; both bound exactly when decoder_layer is
+    # native call (the pools whole, csrc/common/decoder_layer.cpp), with stack_weights(weights,
+    # linear_impls) made once from the layers' weights and variant indices concatenated (in
+    # the order anycore/engine/native_executor.py reads from the extension); None unless all
+    # five non-linear ops are native (FUSED_OPS)
     decoder_stack: Callable | None = None
     stack_weights: Callable | None = None
     # decode_greedy(token, start, steps, embed, stack_weights, k_pool, v_pool, slot_row, cos_table,

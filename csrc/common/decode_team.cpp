@@ -1,7 +1,7 @@
 // Batch-1 decode (bf16 activations; bf16 or W8A8 weights) through every layer in one OpenMP team.
 //
 // Why: at one token a SmolLM2 layer is four GEMVs (7 MB of bf16 weights, ~300 us) and a handful
-// of small ops. Run op by op (decoder_layer.cpp), every GEMV and the attention open and join
+// of small ops. Run op by op (decoder_layer.cpp's run_layer), every GEMV and the attention open and join
 // their own parallel region and allocate their outputs, and the small ops run on one thread
 // while the others wait. Here the threads enter once per step. They take chunks of every GEMV's
 // rows on demand (whole 4-row blocks of the GEMV kernel, or 16-column panels of a packed int8
@@ -47,7 +47,7 @@ Slice share(int64_t n, int64_t unit, int64_t t, int64_t nt) {
   return {std::min(n, t * per * unit), std::min(n, (t + 1) * per * unit)};
 }
 
-constexpr int64_t kGemvBlock = 4;    // rows per block of linear_kernel (kernels_impl.h)
+constexpr int64_t kGemvBlock = 4;    // rows per block of linear_kernel (gemv_kernels.h)
 constexpr int64_t kInt8Panel = 16;   // output columns per panel of a packed int8 weight (int8_impl.h)
 constexpr int64_t kMinChunk = 64;    // rows of the smallest chunk a thread takes (see Chunks)
 

@@ -1,13 +1,14 @@
-// A whole Llama-family decoder layer in one call: pre-norm attention with merged QKV (optional
-// bias, optional per-head Q/K norm), RoPE, paged KV, then a SwiGLU MLP with merged gate/up.
+// Every Llama-family decoder layer of a model in one call (decoder_stack): per layer pre-norm
+// attention with merged QKV (optional bias, optional per-head Q/K norm), RoPE, paged KV, then a
+// SwiGLU MLP with merged gate/up.
 //
 // Why: at batch 1 a decode step is ~15 small ops per layer; from Python each costs an
 // interpreter round trip and a few tensor allocations, which added up to ~25% of a SmolLM2
-// decode step once the GEMVs ran near memory bandwidth. Here the layer is one round trip.
+// decode step once the GEMVs ran near memory bandwidth. Here the whole stack is one round trip.
 //
 // Invariant: this composes exactly the kernels of the unfused path (anycore/models/llama.py
 // through anycore/kernels/dispatch.py), in the same order with the same roundings, so both
-// paths give bit-identical results (tests/kernels/test_decoder_layer.py checks it). The only
+// paths give bit-identical results (tests/kernels/test_native_paths.py checks it). The only
 // differences are where data goes: rotated K and V are written straight into the KV pool.
 #include <cstring>
 #include <iterator>
@@ -154,20 +155,6 @@ std::tuple<at::Tensor, at::Tensor> run_layer(const at::Tensor& hidden, const std
 
 }  // namespace
 
-std::tuple<at::Tensor, at::Tensor> decoder_layer(
-    const at::Tensor& hidden, const std::optional<at::Tensor>& residual, const Weights& weights,
-    c10::IntArrayRef linear_impls, c10::IntArrayRef op_impls, const at::Tensor& k_cache, const at::Tensor& v_cache,
-    const at::Tensor& slot_mapping, const at::Tensor& cos, const at::Tensor& sin,
-    const at::Tensor& q_start_loc, const at::Tensor& seq_lens, const at::Tensor& slot_table, int64_t num_heads,
-    int64_t num_kv_heads, int64_t head_dim, double eps, double scale) {
-  TORCH_CHECK(static_cast<int64_t>(weights.size()) == kNumWeights, "decoder_layer takes ", kNumWeights, " weights");
-  TORCH_CHECK(linear_impls.size() == kNumLinears && op_impls.size() == kNumOps,
-              "decoder_layer takes 4 linear and 5 op implementation indices");
-  const StepInputs in = step_inputs(hidden, slot_mapping, cos, sin, q_start_loc, seq_lens, slot_table, num_heads,
-                                    num_kv_heads, head_dim, eps, scale);
-  return run_layer(hidden, residual, weights, 0, linear_impls.data(), op_impls, k_cache, v_cache, in);
-}
-
 StackWeights::StackWeights(Weights w, std::vector<int64_t> linear, std::vector<int64_t> ops)
     : weights(std::move(w)), linear_impls(std::move(linear)), op_impls(std::move(ops)) {
   const int64_t layers = static_cast<int64_t>(weights.size()) / kNumWeights;
@@ -178,9 +165,9 @@ StackWeights::StackWeights(Weights w, std::vector<int64_t> linear, std::vector<i
 }
 
 // Every layer of the model in one call: layer l reads weights[16 l ...], linear_impls[4 l ...]
-// and the pools' slice l ([num_layers, slots, kv_heads, head_dim]). Same results as calling
-// decoder_layer per layer (the first without a residual); what it saves is the per-layer trip
-// through Python and the dispatcher (about 30 us a layer, 6% of a SmolLM2 bf16 decode step).
+// and the pools' slice l ([num_layers, slots, kv_heads, head_dim]). Same results as the layers
+// op by op; what it saves is the per-layer trip through Python and the dispatcher (a per-layer
+// call still cost about 30 us a layer, 6% of a SmolLM2 bf16 decode step).
 // A one-token bf16 step runs in one thread team instead (decode_team.cpp, same results).
 std::tuple<at::Tensor, at::Tensor> decoder_stack(
     const at::Tensor& hidden, const c10::intrusive_ptr<StackWeights>& stack, const at::Tensor& k_pool,

@@ -42,14 +42,6 @@ at::Tensor int8_unpack(const at::Tensor& packed, int64_t n, int64_t k, int64_t i
 // The int8 kernels of variant `impl` (generic's when it has none): what packed its weights.
 const Int8Kernels& int8_table(int64_t impl);
 
-// decoder_layer.cpp: a whole Llama-family layer in one call (see there).
-std::tuple<at::Tensor, at::Tensor> decoder_layer(
-    const at::Tensor& hidden, const std::optional<at::Tensor>& residual,
-    const c10::List<std::optional<at::Tensor>>& weights, c10::IntArrayRef linear_impls, c10::IntArrayRef op_impls,
-    const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& slot_mapping, const at::Tensor& cos,
-    const at::Tensor& sin, const at::Tensor& q_start_loc, const at::Tensor& seq_lens, const at::Tensor& slot_table,
-    int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, double eps, double scale);
-
 // decoder_layer.cpp: every layer in one call (pools [num_layers, slots, kv_heads, head_dim]).
 std::tuple<at::Tensor, at::Tensor> decoder_stack(
     const at::Tensor& hidden, const c10::intrusive_ptr<StackWeights>& stack, const at::Tensor& k_pool,
