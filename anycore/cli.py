@@ -8,6 +8,7 @@ import sys
 from dataclasses import fields
 
 from anycore.config import EngineConfig, default_of
+from anycore.sampling_params import SamplingParams
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
@@ -55,7 +56,6 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
 
 def _generate(args: argparse.Namespace) -> int:
     from anycore.llm import LLM
-    from anycore.sampling_params import SamplingParams
 
     llm = LLM.from_config(engine_config(args))
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
@@ -173,11 +173,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_engine_args(gen)
     gen.add_argument("--prompt", required=True)
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    # greedy and 64 tokens unless told otherwise (SamplingParams' own defaults for the rest)
     gen.add_argument("--max-tokens", type=int, default=64)
     gen.add_argument("--temperature", type=float, default=0.0)
-    gen.add_argument("--top-p", type=float, default=1.0)
-    gen.add_argument("--top-k", type=int, default=0)
-    gen.add_argument("--seed", type=int, default=None)
+    gen.add_argument("--top-p", type=float, default=default_of(SamplingParams, "top_p"))
+    gen.add_argument("--top-k", type=int, default=default_of(SamplingParams, "top_k"))
+    gen.add_argument("--seed", type=int, default=default_of(SamplingParams, "seed"))
     gen.set_defaults(func=_generate)
 
     serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server")

@@ -18,10 +18,11 @@ from anycore.scheduler.request import TokenLogprob
 
 
 class LLM:
-    """Runs a model in this process. ``model=None`` loads the default model (SmolLM2-135M-Instruct)."""
+    """Runs a model in this process. ``model=None`` loads the default model (SmolLM2-135M-Instruct);
+    other keywords are EngineConfig fields (``dtype``, ``kv_cache_gb``, ...), defaulting as there."""
 
-    def __init__(self, model: str | None = None, dtype: str = "bfloat16", **engine_kwargs: Any) -> None:
-        self._attach(Engine(EngineConfig(model=model, dtype=dtype, **engine_kwargs)))
+    def __init__(self, model: str | None = None, **engine_kwargs: Any) -> None:
+        self._attach(Engine(EngineConfig(model=model, **engine_kwargs)))
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> LLM:
@@ -32,7 +33,7 @@ class LLM:
     def _attach(self, engine: Engine) -> None:
         self.engine = engine
         self.tokenizer = engine.tokenizer
-        self.inputs = InputProcessor(engine.tokenizer, engine.model_config.vocab_size, engine.max_model_len)
+        self.inputs = InputProcessor.for_engine(engine)
         self._batch_ids = itertools.count()
 
     def generate(

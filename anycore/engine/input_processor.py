@@ -14,10 +14,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from anycore.errors import ContextLengthExceeded, InvalidRequest
 from anycore.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from anycore.engine.engine import Engine
 
 Prompt = str | list[int]
 
@@ -37,6 +40,12 @@ class InputProcessor:
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
+
+    @classmethod
+    def for_engine(cls, engine: Engine, tokenizer: Any = None) -> InputProcessor:
+        """The processor for ``engine``'s model, with ``tokenizer`` (default: the engine's own)."""
+        return cls(engine.tokenizer if tokenizer is None else tokenizer, engine.model_config.vocab_size,
+                   engine.max_model_len)
 
     # ---- prompts ----------------------------------------------------------------------------
     @staticmethod

@@ -50,7 +50,7 @@ class ServerContext:
 
     def on_engine_ready(self) -> None:
         eng = self.engine.engine
-        self.inputs = InputProcessor(copy.deepcopy(eng.tokenizer), eng.model_config.vocab_size, eng.max_model_len)
+        self.inputs = InputProcessor.for_engine(eng, copy.deepcopy(eng.tokenizer))
         if not self.served_model_names:
             self.served_model_names = [eng.model_name]
 
