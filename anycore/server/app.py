@@ -107,10 +107,10 @@ def run_server(config: ServerConfig, engine_config: EngineConfig) -> int:
 
     app = build_app(ctx, on_failed=on_failed, url=url)
 
-    config = uvicorn.Config(app, host=host, port=port, log_level=config.uvicorn_log_level,
-                            timeout_graceful_shutdown=grace + 10.0,  # backstop; abort_all normally ends streams
-                            timeout_keep_alive=30)
-    server = _server_class()(config, on_first_signal)
+    uv_config = uvicorn.Config(app, host=host, port=port, log_level=config.uvicorn_log_level,
+                               timeout_graceful_shutdown=grace + 10.0,  # backstop; abort_all normally ends streams
+                               timeout_keep_alive=30)
+    server = _server_class()(uv_config, on_first_signal)
     log.info("listening on %s; loading model %s (dtype %s) - /health is 503 until it is ready",
              url, engine_config.model or "(default)", engine_config.dtype)
     server.run()
