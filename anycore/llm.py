@@ -2,23 +2,27 @@
 
 from __future__ import annotations
 
-import dataclasses
+import itertools
 from collections.abc import Sequence
 from typing import Any
 
+from tqdm import tqdm
+
 from anycore.config import EngineConfig
 from anycore.engine.engine import Engine
+from anycore.engine.input_processor import EngineRequest, InputProcessor, Prompt
+from anycore.errors import InvalidRequest
 from anycore.outputs import CompletionOutput, RequestOutput
 from anycore.sampling_params import SamplingParams
-
-Prompt = str | list[int]
+from anycore.scheduler.request import TokenLogprob
 
 
 class LLM:
-    """Runs a model in this process. ``model=None`` loads the default model (SmolLM2-135M-Instruct)."""
+    """Runs a model in this process. ``model=None`` loads the default model (SmolLM2-135M-Instruct);
+    other keywords are EngineConfig fields (``dtype``, ``kv_cache_gb``, ...), defaulting as there."""
 
-    def __init__(self, model: str | None = None, dtype: str = "bfloat16", **engine_kwargs: Any) -> None:
-        self._attach(Engine(EngineConfig(model=model, dtype=dtype, **engine_kwargs)))
+    def __init__(self, model: str | None = None, **engine_kwargs: Any) -> None:
+        self._attach(Engine(EngineConfig(model=model, **engine_kwargs)))
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> LLM:
@@ -29,6 +33,8 @@ class LLM:
     def _attach(self, engine: Engine) -> None:
         self.engine = engine
         self.tokenizer = engine.tokenizer
+        self.inputs = InputProcessor.for_engine(engine)
+        self._batch_ids = itertools.count()
 
     def generate(
         self,
@@ -36,24 +42,29 @@ class LLM:
         params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = False,
     ) -> list[RequestOutput]:
-        """Generates for each prompt (text or token ids); results in prompt order.
+        """Generates for each prompt (text or token ids); results in prompt order, each with
+        ``params.n`` samples. ``use_tqdm`` shows a progress bar over finished samples.
 
-        Every prompt is validated before any is queued, so a bad one raises without side effects.
+        Every prompt is validated before any is queued, so a bad one raises (InvalidRequest, a
+        ValueError) without side effects.
         """
-        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]  # type: ignore[list-item]
-        prompts = list(prompts)  # type: ignore[arg-type]
-        params_list = list(params) if isinstance(params, Sequence) else [params or SamplingParams()] * len(prompts)
-        if len(params_list) != len(prompts):
-            raise ValueError(f"{len(prompts)} prompts but {len(params_list)} sampling params")
-        encoded = [self._encode(p) for p in prompts]
-        for ids, p in zip(encoded, params_list):
-            p.validate()
-            if len(ids) >= self.engine.max_model_len:
-                raise ValueError(
-                    f"prompt has {len(ids)} tokens; this model's context is {self.engine.max_model_len} tokens"
-                )
-        return self._run(prompts, encoded, params_list)
+        prompt_list = self.inputs.split_prompts(prompts)
+        params_list = list(params) if isinstance(params, Sequence) else [params or SamplingParams()] * len(prompt_list)
+        if len(params_list) != len(prompt_list):
+            raise InvalidRequest(f"{len(prompt_list)} prompts but {len(params_list)} sampling params")
+        encoded = [self.inputs.encode_prompt(p) for p in prompt_list]
+        batch = next(self._batch_ids)
+        requests = [self.inputs.process(f"llm-{batch}-{i}", [ids], p)
+                    for i, (ids, p) in enumerate(zip(encoded, params_list))]
+        samples = self._run([r for group in requests for r in group], use_tqdm)
+        return [
+            RequestOutput(
+                request_id=f"{i}", prompt=prompt if isinstance(prompt, str) else None, prompt_token_ids=ids,
+                outputs=[samples[r.request_id].completion(r.index, p.logprobs is not None) for r in group],
+                num_cached_tokens=samples[group[0].request_id].num_cached_tokens,
+            )
+            for i, (prompt, ids, p, group) in enumerate(zip(prompt_list, encoded, params_list, requests))
+        ]
 
     def chat(
         self,
@@ -67,65 +78,45 @@ class LLM:
         return self.generate(prompts, params)
 
     def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
-        if not messages:
-            raise ValueError("messages is empty")
-        if getattr(self.tokenizer, "chat_template", None) is None:
-            raise ValueError("this model has no chat template; use generate() with a plain prompt")
-        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=True)
-        if isinstance(ids, dict) or hasattr(ids, "input_ids"):  # transformers >= 5 returns an encoding
-            ids = ids["input_ids"]
-        return list(ids)
+        return self.inputs.encode_chat(messages, add_generation_prompt)
 
-    def _encode(self, prompt: Prompt) -> list[int]:
-        if isinstance(prompt, str):
-            if not prompt:
-                raise ValueError("the prompt is empty")
-            return self.tokenizer.encode(prompt)
-        if not prompt:
-            raise ValueError("the prompt is empty")
-        return list(prompt)
-
-    def _run(self, prompts, encoded, params_list) -> list[RequestOutput]:
+    def _run(self, requests: list[EngineRequest], use_tqdm: bool) -> dict[str, _Sample]:
+        """Steps the engine until every request finished; a failure aborts them all."""
         engine = self.engine
-        groups: list[tuple[str, list[str]]] = []
-        for i, (ids, p) in enumerate(zip(encoded, params_list)):
-            subs = []
-            for j in range(p.n):
-                seed = p.seed + j if p.seed is not None else None
-                sub = dataclasses.replace(p, n=1, seed=seed)
-                subs.append(engine.add_request(ids, sub, request_id=f"llm-{id(self)}-{i}-{j}"))
-            groups.append((f"{i}", subs))
-        texts: dict[str, list[str]] = {rid: [] for _, subs in groups for rid in subs}
-        tokens: dict[str, list[int]] = {}
-        reasons: dict[str, str | None] = {}
-        logprobs: dict[str, list] = {}
+        samples = {r.request_id: _Sample() for r in requests}
         try:
-            while engine.has_unfinished():
-                for o in engine.step():
-                    if o.request_id not in texts:
-                        continue
-                    texts[o.request_id].append(o.delta_text)
-                    tokens.setdefault(o.request_id, []).extend(o.new_token_ids)
-                    logprobs.setdefault(o.request_id, []).extend(o.new_logprobs)
-                    if o.finished:
-                        reasons[o.request_id] = o.finish_reason
+            for r in requests:
+                engine.add_request(r.prompt_token_ids, r.params, r.request_id, r.index)
+            with tqdm(total=len(requests), desc="generating", unit="sample", disable=not use_tqdm) as bar:
+                while engine.has_unfinished():
+                    for o in engine.step():
+                        s = samples.get(o.request_id)
+                        if s is None:
+                            continue
+                        s.text.append(o.delta_text)
+                        s.token_ids.extend(o.new_token_ids)
+                        s.logprobs.extend(o.new_logprobs)
+                        if o.finished:
+                            s.finish_reason = o.finish_reason
+                            s.num_cached_tokens = o.num_cached_tokens
+                            bar.update(1)
         except BaseException:
-            for rid in texts:
+            for rid in samples:
                 engine.abort(rid)
             raise
-        outputs = []
-        for (i, subs), prompt, ids, p in zip(groups, prompts, encoded, params_list):
-            completions = []
-            for j, rid in enumerate(subs):
-                completions.append(CompletionOutput(
-                    index=j,
-                    text="".join(texts[rid]),
-                    token_ids=tokens.get(rid, []),
-                    finish_reason=reasons.get(rid),
-                    logprobs=logprobs.get(rid, []) if p.logprobs is not None else None,
-                ))
-            outputs.append(RequestOutput(
-                request_id=i, prompt=prompt if isinstance(prompt, str) else None,
-                prompt_token_ids=ids, outputs=completions,
-            ))
-        return outputs
+        return samples
+
+
+class _Sample:
+    """One sample's output, accumulated over steps."""
+
+    def __init__(self) -> None:
+        self.text: list[str] = []
+        self.token_ids: list[int] = []
+        self.logprobs: list[TokenLogprob] = []
+        self.finish_reason: str | None = None
+        self.num_cached_tokens = 0  # prompt tokens the prefix cache served
+
+    def completion(self, index: int, with_logprobs: bool) -> CompletionOutput:
+        return CompletionOutput(index=index, text="".join(self.text), token_ids=self.token_ids,
+                                finish_reason=self.finish_reason, logprobs=self.logprobs if with_logprobs else None)

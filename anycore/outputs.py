@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from anycore.errors import AnycoreError
 from anycore.scheduler.request import TokenLogprob
 
 
@@ -20,7 +21,28 @@ class StepOutput:
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
     num_cached_tokens: int = 0
-    error: str | None = None
+    index: int = 0  # choice index in the request's group (EngineRequest.index)
+    error: AnycoreError | None = None  # set on a request failed outside the model (then finished)
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """A snapshot of the engine's queues and KV pool (``Engine.stats()``); counters are totals
+    since start."""
+
+    num_waiting: int = 0
+    num_running: int = 0
+    kv_slots_total: int = 0
+    kv_slots_used: int = 0  # includes slots owned only by the prefix cache
+    kv_slots_cached: int = 0  # evictable prefix-cache slots (reusable, not held by any request)
+    prefix_queried_tokens: int = 0
+    prefix_hit_tokens: int = 0
+    num_preemptions: int = 0
+
+    @property
+    def kv_slots_held(self) -> int:
+        """Slots pinned by live requests (or locked prefixes); 0 when nothing is in flight."""
+        return self.kv_slots_used - self.kv_slots_cached
 
 
 @dataclass
@@ -40,7 +62,7 @@ class RequestOutput:
     prompt: str | None
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput]
-    num_cached_tokens: int = 0
+    num_cached_tokens: int = 0  # prompt tokens the prefix cache served (to the first sample)
     finished: bool = True
 
     # conveniences for the common n == 1 case

@@ -1,8 +1,13 @@
-"""Per-request sampling parameters (vLLM-compatible names), validated on construction."""
+"""Per-request sampling parameters (vLLM-compatible names), validated on construction.
+
+An out-of-range value raises InvalidParameter (a ValueError) naming the field.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from anycore.errors import InvalidParameter
 
 
 @dataclass
@@ -39,8 +44,8 @@ class SamplingParams:
         return self.temperature == 0.0
 
     def validate(self) -> None:
-        def bad(name: str, why: str) -> ValueError:
-            return ValueError(f"invalid sampling parameter {name}={getattr(self, name)!r}: {why}")
+        def bad(name: str, why: str) -> InvalidParameter:
+            return InvalidParameter(f"invalid sampling parameter {name}={getattr(self, name)!r}: {why}", param=name)
 
         if not isinstance(self.n, int) or self.n < 1:
             raise bad("n", "must be an integer >= 1")

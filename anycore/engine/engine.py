@@ -1,4 +1,4 @@
-"""Engine: owns model, KV pool, scheduler and detokenizers; ``step()`` is the whole loop body.
+"""Engine: owns model, KV pool, scheduler and the requests; ``step()`` is the whole loop body.
 
 Not thread-safe by design: one thread drives it (the offline API directly, the server through
 ``AsyncEngine``), so no lock sits on the hot path.
@@ -19,6 +19,7 @@ from anycore.engine.detokenizer import IncrementalDetokenizer
 from anycore.engine.runner import KVPool, ModelRunner
 from anycore.engine.thread_governor import ThreadGovernor
 from anycore.engine.weight_arena import consolidate_weights
+from anycore.errors import InvalidRequest
 from anycore.kernels.dispatch import select_ops
 from anycore.layers.embedding import LogitsHead, VocabEmbedding
 from anycore.layers.quant import (
@@ -30,7 +31,7 @@ from anycore.layers.quant import (
 from anycore.layers.quant.smoothing import calibration_token_ids
 from anycore.loader import open_model_source
 from anycore.models import build_model
-from anycore.outputs import StepOutput
+from anycore.outputs import EngineStats, StepOutput
 from anycore.sampling_params import SamplingParams
 from anycore.scheduler.request import Request, TokenLogprob
 from anycore.scheduler.scheduler import ScheduledRequest, Scheduler, SchedulerOutput
@@ -113,8 +114,7 @@ class Engine:
         if getattr(self.tokenizer, "eos_token_id", None) is not None:
             eos.add(self.tokenizer.eos_token_id)
         self.eos_token_ids = frozenset(eos)
-        self._requests: dict[str, Request] = {}
-        self._detok: dict[str, IncrementalDetokenizer] = {}
+        self._requests: dict[str, Request] = {}  # unfinished requests; each carries its detokenizer
         self._ids = itertools.count()
         self.kv_cache_gb = kv_gb
         log.info(
@@ -127,48 +127,50 @@ class Engine:
         log.info("kernels: %s", ", ".join(f"{k}={v}" for k, v in self.ops.choices.items()))
 
     # ---- requests -------------------------------------------------------------------------
-    def add_request(
-        self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None
-    ) -> str:
-        """Queues a request; raises ValueError (naming the problem) for unusable input."""
-        params.validate()
-        if params.n != 1:
-            raise ValueError("Engine.add_request takes n == 1; fan out n > 1 in the caller")
-        if not prompt_token_ids:
-            raise ValueError("the prompt is empty")
-        vocab = self.model_config.vocab_size
-        if any((not isinstance(t, int)) or t < 0 or t >= vocab for t in prompt_token_ids):
-            raise ValueError(f"prompt token ids must be integers in [0, {vocab})")
-        if len(prompt_token_ids) >= self.max_model_len:
-            raise ValueError(
-                f"prompt has {len(prompt_token_ids)} tokens; this model's context is {self.max_model_len} tokens "
-                "(prompt + at least one generated token must fit)"
-            )
+    def add_request(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None,
+                    index: int = 0) -> str:
+        """Queues one sample (``params.n == 1``) of a prompt already validated by the
+        InputProcessor (prompt in the vocabulary and shorter than ``max_model_len``); ``index``
+        is echoed in its outputs. Returns the request id."""
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
-        if rid in self._requests:
-            raise ValueError(f"duplicate request id {rid!r}")
-        req = Request(rid, list(prompt_token_ids), params, self.eos_token_ids, self.max_model_len)
+        if rid in self._requests:  # would orphan the live request of that id
+            raise InvalidRequest(f"duplicate request id {rid!r}")
+        req = Request(rid, list(prompt_token_ids), params, self.eos_token_ids, self.max_model_len, index=index)
+        req.detokenizer = IncrementalDetokenizer(
+            self.tokenizer, req.prompt_token_ids, params.stop, params.skip_special_tokens,  # type: ignore[arg-type]
+            params.include_stop_str_in_output,
+        )
         if params.seed is not None:
             req.generator = torch.Generator().manual_seed(params.seed)
         self.scheduler.add(req)
         self._requests[rid] = req
-        self._detok[rid] = req.detokenizer = IncrementalDetokenizer(
-            self.tokenizer, req.prompt_token_ids, params.stop, params.skip_special_tokens,  # type: ignore[arg-type]
-            params.include_stop_str_in_output,
-        )
         return rid
 
     def abort(self, request_id: str) -> None:
+        """Ends an unfinished request and frees its KV; an unknown or finished id is a no-op."""
         req = self._requests.pop(request_id, None)
-        self._detok.pop(request_id, None)
         if req is not None:
             self.scheduler.finish(req, "abort")
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 
-    def get_request(self, request_id: str) -> Request | None:
-        return self._requests.get(request_id)
+    def request_ids(self) -> list[str]:
+        """The unfinished requests' ids, oldest first."""
+        return list(self._requests)
+
+    def stats(self) -> EngineStats:
+        kv, radix = self.kv, self.kv.radix
+        return EngineStats(
+            num_waiting=len(self.scheduler.waiting),
+            num_running=len(self.scheduler.running),
+            kv_slots_total=kv.num_slots,
+            kv_slots_used=kv.num_used,
+            kv_slots_cached=radix.evictable_size if radix is not None else 0,
+            prefix_queried_tokens=radix.queried_tokens if radix is not None else 0,
+            prefix_hit_tokens=radix.hit_tokens if radix is not None else 0,
+            num_preemptions=self.scheduler.num_preemptions,
+        )
 
     # ---- the loop body ----------------------------------------------------------------------
     def step(self) -> list[StepOutput]:
@@ -195,26 +197,22 @@ class Engine:
     def _output(self, req: Request, tokens: list[int], logprobs: list[TokenLogprob]) -> StepOutput:
         """What a step gave ``req`` (its new tokens, already detokenized); a finished request's
         engine state goes with it."""
-        rid = req.request_id
         finished = req.is_finished
         out = StepOutput(
-            request_id=rid,
+            request_id=req.request_id,
             new_token_ids=tokens,
-            delta_text=self._detok[rid].delta(final=finished),
+            delta_text=req.detokenizer.delta(final=finished),
             finished=finished,
             finish_reason=req.finish_reason,
             new_logprobs=logprobs,
             num_prompt_tokens=req.num_prompt_tokens,
             num_output_tokens=req.num_output_tokens,
             num_cached_tokens=req.num_cached_tokens,
+            index=req.index,
         )
         if finished:
-            del self._requests[rid]
-            del self._detok[rid]
+            del self._requests[req.request_id]
         return out
-
-    def output_text(self, request_id: str) -> str:
-        return self._detok[request_id].text
 
     # ---- scoring --------------------------------------------------------------------------------
     def score(self, token_ids: list[int]) -> torch.Tensor:

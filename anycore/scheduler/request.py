@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import enum
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,10 +42,9 @@ class Request:
     finish_reason: str | None = None
     logprobs: list[TokenLogprob] = field(default_factory=list)
     generator: Any = None  # torch.Generator when params.seed is set
-    arrival_time: float = field(default_factory=time.monotonic)
-    first_token_time: float | None = None
     num_preemptions: int = 0
     prefill_cached: bool = False  # prompt KV published to the prefix cache
+    index: int = 0  # choice index in the caller's group (n samples x prompts), echoed in every output
     # the output's incremental detokenizer (engine/detokenizer.py): ``add(ids)`` and ``stopped``
     # when a stop string completed; fed by check_stop, token by token; None: no stop strings
     detokenizer: Any = None

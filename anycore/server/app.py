@@ -8,7 +8,6 @@ its engine request); then the lifespan hook stops and joins the engine thread.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
 import time
@@ -19,11 +18,12 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, PlainTextResponse
 
-from anycore.config import EngineConfig
+from anycore.config import EngineConfig, ServerConfig
+from anycore.errors import NotReady
 from anycore.server import native_api, openai_api
 from anycore.server.async_engine import AsyncEngine
 from anycore.server.context import ServerContext
-from anycore.server.errors import error_body, install_error_handlers
+from anycore.server.errors import install_error_handlers
 from anycore.server.openai_api import Ctx
 
 log = logging.getLogger("anycore.server")
@@ -37,10 +37,10 @@ def build_app(ctx: ServerContext, on_failed=None, url: str = "") -> FastAPI:
 
         def ready() -> None:
             ctx.on_engine_ready()
-            eng = ctx.engine.engine
+            e = ctx.engine
             log.info("ready in %.1fs: serving %s (dtype %s, max_model_len %d, KV %d slots = %.2f GiB) at %s",
-                     time.monotonic() - t0, ", ".join(ctx.served_model_names), eng.config.dtype,
-                     eng.max_model_len, eng.kv.num_slots, eng.kv_cache_gb, url or "(in-process)")
+                     time.monotonic() - t0, ", ".join(ctx.served_model_names), e.config.dtype,
+                     ctx.max_model_len, e.stats.kv_slots_total, e.engine.kv_cache_gb, url or "(in-process)")
 
         def failed(message: str) -> None:
             log.error("%s", message)
@@ -63,11 +63,10 @@ def build_app(ctx: ServerContext, on_failed=None, url: str = "") -> FastAPI:
     @app.get("/health")
     async def health() -> JSONResponse:
         state = ctx.engine.state
-        if state == "ready" and ctx.tokenizer is not None:
+        if state == "ready" and ctx.inputs is not None:
             return JSONResponse({"status": "ok"})
         msg = ctx.engine.load_error if state == "failed" else f"the model is {state}"
-        return JSONResponse({**error_body(503, msg or state, code="model_not_ready"), "status": state},
-                            status_code=503)
+        return JSONResponse({**NotReady(msg or state).body(), "status": state}, status_code=503)
 
     @app.get("/v1/models")
     async def models(c: Ctx) -> dict[str, Any]:
@@ -80,21 +79,18 @@ def build_app(ctx: ServerContext, on_failed=None, url: str = "") -> FastAPI:
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:
         e = ctx.engine
-        text = e.metrics.render(e.stats, e.num_queued, ctx.model_name, e.is_ready)
+        text = e.metrics.render(e.stats, e.num_snapshots, e.num_queued, ctx.model_name, e.is_ready)
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     return app
 
 
-def run_server(args: argparse.Namespace, engine_config: EngineConfig) -> int:
+def run_server(config: ServerConfig, engine_config: EngineConfig) -> int:
     import uvicorn
 
-    host = getattr(args, "host", "127.0.0.1")
-    port = getattr(args, "port", 8000)
-    grace = getattr(args, "shutdown_timeout", 10.0)
-    names = list(getattr(args, "served_model_name", None) or [])
-    engine = AsyncEngine(engine_config, max_queued_requests=getattr(args, "max_queued_requests", None))
-    ctx = ServerContext(engine, names, api_key=getattr(args, "api_key", None))
+    host, port, grace = config.host, config.port, config.shutdown_timeout
+    engine = AsyncEngine(engine_config, max_queued_requests=config.max_queued_requests)
+    ctx = ServerContext(engine, config)
     url = f"http://{host}:{port}"
     server: Any = None
 
@@ -111,10 +107,10 @@ def run_server(args: argparse.Namespace, engine_config: EngineConfig) -> int:
 
     app = build_app(ctx, on_failed=on_failed, url=url)
 
-    config = uvicorn.Config(app, host=host, port=port, log_level=getattr(args, "uvicorn_log_level", "warning"),
-                            timeout_graceful_shutdown=grace + 10.0,  # backstop; abort_all normally ends streams
-                            timeout_keep_alive=30)
-    server = _server_class()(config, on_first_signal)
+    uv_config = uvicorn.Config(app, host=host, port=port, log_level=config.uvicorn_log_level,
+                               timeout_graceful_shutdown=grace + 10.0,  # backstop; abort_all normally ends streams
+                               timeout_keep_alive=30)
+    server = _server_class()(uv_config, on_first_signal)
     log.info("listening on %s; loading model %s (dtype %s) - /health is 503 until it is ready",
              url, engine_config.model or "(default)", engine_config.dtype)
     server.run()

@@ -1,20 +1,34 @@
-"""Server flags for `anycore serve` (cli.py calls ``add_server_args`` on its serve sub-parser)."""
+"""Server flags for `anycore serve` and the ServerConfig they build; each default is ServerConfig's."""
 
 from __future__ import annotations
 
 import argparse
 
+from anycore.config import ServerConfig, default_of
+
 
 def add_server_args(parser: argparse.ArgumentParser) -> None:
+    def d(name: str):
+        return default_of(ServerConfig, name)
+
     g = parser.add_argument_group("server")
-    g.add_argument("--host", default="127.0.0.1", help="interface to bind (0.0.0.0 for all)")
-    g.add_argument("--port", type=int, default=8000)
-    g.add_argument("--api-key", default=None, help="require 'Authorization: Bearer <key>' on API routes")
-    g.add_argument("--served-model-name", nargs="+", default=None,
+    g.add_argument("--host", default=d("host"), help="interface to bind (0.0.0.0 for all; default: %(default)s)")
+    g.add_argument("--port", type=int, default=d("port"), help="default: %(default)s")
+    g.add_argument("--api-key", default=d("api_key"), help="require 'Authorization: Bearer <key>' on API routes")
+    g.add_argument("--served-model-name", dest="served_model_names", nargs="+", default=list(d("served_model_names")),
                    help="model name(s) clients may send (default: the model file/folder name)")
-    g.add_argument("--max-queued-requests", type=int, default=256,
-                   help="admitted sub-requests without a first token beyond which new requests get 429")
-    g.add_argument("--shutdown-timeout", type=float, default=10.0,
-                   help="seconds in-flight requests may run on after SIGINT/SIGTERM before being cancelled")
-    g.add_argument("--uvicorn-log-level", default="warning",
+    g.add_argument("--max-queued-requests", type=int, default=d("max_queued_requests"),
+                   help="admitted sub-requests without a first token beyond which new requests get 429 "
+                        "(default: %(default)s)")
+    g.add_argument("--shutdown-timeout", type=float, default=d("shutdown_timeout"),
+                   help="seconds in-flight requests may run on after SIGINT/SIGTERM before being cancelled "
+                        "(default: %(default)s)")
+    g.add_argument("--uvicorn-log-level", default=d("uvicorn_log_level"),
                    choices=["critical", "error", "warning", "info", "debug", "trace"])
+
+
+def server_config(args: argparse.Namespace) -> ServerConfig:
+    return ServerConfig(host=args.host, port=args.port, api_key=args.api_key,
+                        served_model_names=tuple(args.served_model_names or ()),
+                        max_queued_requests=args.max_queued_requests, shutdown_timeout=args.shutdown_timeout,
+                        uvicorn_log_level=args.uvicorn_log_level)

@@ -7,8 +7,8 @@ Threads and ownership:
 - The asyncio thread (the HTTP event loop) owns every ``RequestGroup`` and the metrics. Step
   outputs cross over in one ``loop.call_soon_threadsafe`` per step and are fanned out to the
   groups' asyncio.Queues there, so no per-request lock exists anywhere.
-- ``stats`` is an immutable snapshot the engine thread replaces after each step; readers on any
-  thread see either the old or the new one.
+- ``stats`` is the immutable ``Engine.stats()`` snapshot the engine thread replaces after each
+  step; readers on any thread see either the old or the new one.
 """
 
 from __future__ import annotations
@@ -18,47 +18,23 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from anycore.config import EngineConfig
-from anycore.outputs import StepOutput
-from anycore.sampling_params import SamplingParams
+from anycore.engine.input_processor import EngineRequest
+from anycore.errors import AnycoreError, EngineFailure, InvalidRequest, NotReady, Overloaded, ShuttingDown
+from anycore.outputs import EngineStats, StepOutput
 from anycore.server.metrics import ServerMetrics
 
 log = logging.getLogger("anycore.server")
-
-
-class EngineOverloaded(Exception):
-    """Admission would exceed ``max_queued_requests``."""
-
-
-class EngineNotReady(Exception):
-    """The model is still loading, failed to load, or the engine is shutting down."""
-
-
-@dataclass(frozen=True)
-class EngineStats:
-    num_waiting: int = 0
-    num_running: int = 0
-    kv_slots_total: int = 0
-    kv_slots_used: int = 0  # includes slots owned only by the prefix cache
-    kv_slots_cached: int = 0  # evictable prefix-cache slots (reusable, not held by any request)
-    prefix_queried_tokens: int = 0
-    prefix_hit_tokens: int = 0
-    num_steps: int = 0
-
-    @property
-    def kv_slots_held(self) -> int:
-        """Slots pinned by live requests (or locked prefixes); 0 when nothing is in flight."""
-        return self.kv_slots_used - self.kv_slots_cached
 
 
 class RequestGroup:
     """The sub-requests of one HTTP request (n samples x prompts) sharing one queue.
 
     Iterate it for StepOutputs until every sub-request finished; ``close()`` (or leaving
-    ``async with``) aborts what is unfinished, e.g. when the client went away.
+    ``async with``) aborts what is unfinished, e.g. when the client went away. Lives on the
+    event loop only.
     """
 
     def __init__(self, owner: AsyncEngine, request_ids: list[str]) -> None:
@@ -67,6 +43,13 @@ class RequestGroup:
         self.queue: asyncio.Queue[StepOutput] = asyncio.Queue()
         self.unfinished = set(request_ids)
         self.arrival = time.monotonic()
+        self.last_output: dict[str, float] = {}  # sub-request -> when its latest output arrived
+        self.closed = False
+
+    @property
+    def num_unstarted(self) -> int:
+        """Sub-requests that have had no output yet (they count against the queue limit)."""
+        return len(self.request_ids) - len(self.last_output)
 
     def __aiter__(self) -> RequestGroup:
         return self
@@ -90,12 +73,10 @@ class RequestGroup:
 
 
 class AsyncEngine:
-    def __init__(
-        self,
-        config: EngineConfig,
-        max_queued_requests: int | None = None,
-        engine_factory: Callable[[EngineConfig], Any] | None = None,
-    ) -> None:
+    def __init__(self, config: EngineConfig, max_queued_requests: int | None,
+                 engine_factory: Callable[[EngineConfig], Any] | None = None) -> None:
+        """``max_queued_requests``: admitted sub-requests without output beyond which ``add_group``
+        raises Overloaded (None: no limit); ServerConfig holds its default."""
         self.config = config
         self.max_queued_requests = max_queued_requests
         self._factory = engine_factory
@@ -103,18 +84,17 @@ class AsyncEngine:
         self.state = "loading"  # loading | ready | failed | stopped
         self.load_error: str | None = None
         self.stats = EngineStats()
+        self.num_snapshots = 0  # stats publications: steps and idle wake-ups
         self.metrics = ServerMetrics()
         # engine-thread side
         self._cond = threading.Condition()
         self._commands: list[tuple[str, Any]] = []
         self._stop = False
-        self._live: set[str] = set()
         self._thread: threading.Thread | None = None
         # asyncio side
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._groups: dict[str, RequestGroup] = {}
-        self._unstarted: set[str] = set()  # sub-requests that have produced no output yet
-        self._last_time: dict[str, float] = {}
+        self._groups: dict[str, RequestGroup] = {}  # by sub-request id, until the group closes
+        self._num_unstarted = 0  # sum of the open groups' num_unstarted
 
     # ---- lifecycle --------------------------------------------------------------------------
     def start(self, loop: asyncio.AbstractEventLoop, on_ready: Callable[[], None] | None = None,
@@ -146,42 +126,48 @@ class AsyncEngine:
     def is_ready(self) -> bool:
         return self.state == "ready"
 
-    # ---- asyncio-side API -------------------------------------------------------------------
-    def add_group(self, requests: list[tuple[str, list[int], SamplingParams]]) -> RequestGroup:
-        """Queues sub-requests (id, prompt ids, params with n == 1) as one group.
+    def require_ready(self) -> None:
+        if not self.is_ready:
+            message = self.load_error if self.state == "failed" else f"the model is {self.state}; retry shortly"
+            raise NotReady(message or "the server is not ready")
 
-        Raises EngineNotReady / EngineOverloaded before anything is queued.
-        """
-        if self.state != "ready":
-            raise EngineNotReady(self.load_error or f"the engine is {self.state}")
+    # ---- asyncio-side API -------------------------------------------------------------------
+    def add_group(self, requests: list[EngineRequest]) -> RequestGroup:
+        """Queues validated sub-requests as one group; raises NotReady, Overloaded or
+        InvalidRequest (a duplicate id) before anything is queued."""
+        self.require_ready()
         limit = self.max_queued_requests
-        if limit is not None and len(self._unstarted) + len(requests) > limit:
-            raise EngineOverloaded(
-                f"the server has {len(self._unstarted)} queued requests (limit {limit}); retry later"
-            )
-        group = RequestGroup(self, [rid for rid, _, _ in requests])
-        for rid, _, _ in requests:
-            if rid in self._groups:
-                raise ValueError(f"duplicate request id {rid!r}")
-        for rid, _, _ in requests:
+        if limit is not None and self._num_unstarted + len(requests) > limit:
+            raise Overloaded(f"the server has {self._num_unstarted} queued requests (limit {limit}); retry later")
+        ids = [r.request_id for r in requests]
+        seen: set[str] = set()
+        for rid in ids:
+            if rid in self._groups or rid in seen:
+                raise InvalidRequest(f"duplicate request id {rid!r}")
+            seen.add(rid)
+        group = RequestGroup(self, ids)
+        for rid in ids:
             self._groups[rid] = group
-            self._unstarted.add(rid)
-        self.metrics.on_arrival(len(requests))
-        self._submit([("add", (rid, ids, params)) for rid, ids, params in requests])
+        self._num_unstarted += len(ids)
+        self.metrics.on_arrival(len(ids))
+        self._submit([("add", r) for r in requests])
         return group
 
     def abort(self, request_ids: list[str]) -> None:
         self._submit([("abort", rid) for rid in request_ids])
 
     def abort_all(self, reason: str) -> None:
-        """Ends every in-flight request with an error (used when the shutdown grace period is over)."""
+        """Ends every in-flight request with ShuttingDown (when the shutdown grace period is over)."""
         self._submit([("abort_all", reason)])
 
     @property
     def num_queued(self) -> int:
-        return len(self._unstarted)
+        return self._num_unstarted
 
     def _close_group(self, group: RequestGroup) -> None:
+        if group.closed:
+            return
+        group.closed = True
         if group.unfinished:
             self.abort(sorted(group.unfinished))
             for _ in group.unfinished:
@@ -189,8 +175,7 @@ class AsyncEngine:
         for rid in group.request_ids:
             if self._groups.get(rid) is group:
                 del self._groups[rid]
-            self._unstarted.discard(rid)
-            self._last_time.pop(rid, None)
+        self._num_unstarted -= group.num_unstarted
         group.unfinished.clear()
 
     def _submit(self, commands: list[tuple[str, Any]]) -> None:
@@ -207,16 +192,16 @@ class AsyncEngine:
             group = self._groups.get(rid)
             if group is None:  # closed already (client gone): nothing to record
                 continue
-            if rid in self._unstarted:
-                self._unstarted.discard(rid)
+            last = group.last_output.get(rid)
+            if last is None:
+                self._num_unstarted -= 1
                 if out.new_token_ids:
                     m.on_first_token(now - group.arrival)
-            elif out.new_token_ids and rid in self._last_time:
-                m.on_inter_token(now - self._last_time[rid], len(out.new_token_ids))
-            self._last_time[rid] = now
+            elif out.new_token_ids:
+                m.on_inter_token(now - last, len(out.new_token_ids))
+            group.last_output[rid] = now
             m.on_tokens(len(out.new_token_ids))
             if out.finished:
-                self._last_time.pop(rid, None)
                 m.on_finished(out.finish_reason if out.error is None else "error", out.num_prompt_tokens,
                               out.num_cached_tokens, now - group.arrival)
             group.queue.put_nowait(out)
@@ -254,7 +239,7 @@ class AsyncEngine:
         try:
             self._loop_forever()
         finally:
-            self._abort_all("the server is shutting down")
+            self._abort_all(ShuttingDown, "the server is shutting down")
 
     def _loop_forever(self) -> None:
         engine = self.engine
@@ -274,11 +259,8 @@ class AsyncEngine:
                 outputs = engine.step()
             except Exception as e:  # noqa: BLE001 - fail the in-flight requests, keep serving
                 log.exception("engine step failed")
-                self._abort_all(f"internal engine error: {e}")
+                self._abort_all(EngineFailure, f"internal engine error: {e}")
                 continue
-            for out in outputs:
-                if out.finished:
-                    self._live.discard(out.request_id)
             self._publish_stats()
             if outputs:
                 self._post(self._deliver, outputs)
@@ -288,51 +270,38 @@ class AsyncEngine:
         failed: list[StepOutput] = []
         for kind, arg in commands:
             if kind == "add":
-                rid, ids, params = arg
+                r: EngineRequest = arg
                 try:
-                    engine.add_request(ids, params, request_id=rid)
-                except ValueError as e:
-                    failed.append(_error_output(rid, str(e)))
-                else:
-                    self._live.add(rid)
+                    engine.add_request(r.prompt_token_ids, r.params, r.request_id, r.index)
+                except AnycoreError as e:
+                    failed.append(_error_output(r, e))
+                except ValueError as e:  # the scheduler's KV-pool capacity check
+                    failed.append(_error_output(r, InvalidRequest(str(e))))
             elif kind == "abort":
-                if arg in self._live:
-                    self._live.discard(arg)
-                    engine.abort(arg)
+                engine.abort(arg)
             elif kind == "abort_all":
-                self._abort_all(arg)
+                self._abort_all(ShuttingDown, arg)
         if failed:
             self._post(self._deliver, failed)
 
-    def _abort_all(self, reason: str) -> None:
+    def _abort_all(self, error: type[AnycoreError], message: str) -> None:
         outs = []
-        for rid in sorted(self._live):
+        for rid in self.engine.request_ids():
             try:
                 self.engine.abort(rid)
             except Exception:  # noqa: BLE001 - best effort while failing requests
                 log.exception("abort of %s failed", rid)
-            outs.append(_error_output(rid, reason))
-        self._live.clear()
+            outs.append(StepOutput(request_id=rid, new_token_ids=[], delta_text="", finished=True,
+                                   finish_reason="abort", error=error(message)))
         self._publish_stats()
         if outs:
             self._post(self._deliver, outs)
 
     def _publish_stats(self) -> None:
-        e = self.engine
-        kv = e.kv
-        radix = getattr(kv, "radix", None)
-        self.stats = EngineStats(
-            num_waiting=len(e.scheduler.waiting),
-            num_running=len(e.scheduler.running),
-            kv_slots_total=kv.num_slots,
-            kv_slots_used=kv.num_used,
-            kv_slots_cached=radix.evictable_size if radix is not None else 0,
-            prefix_queried_tokens=radix.queried_tokens if radix is not None else 0,
-            prefix_hit_tokens=radix.hit_tokens if radix is not None else 0,
-            num_steps=self.stats.num_steps + 1,
-        )
+        self.stats = self.engine.stats()
+        self.num_snapshots += 1
 
 
-def _error_output(rid: str, message: str) -> StepOutput:
-    return StepOutput(request_id=rid, new_token_ids=[], delta_text="", finished=True, finish_reason="abort",
-                      error=message)
+def _error_output(r: EngineRequest, error: AnycoreError) -> StepOutput:
+    return StepOutput(request_id=r.request_id, new_token_ids=[], delta_text="", finished=True, finish_reason="abort",
+                      index=r.index, error=error)

@@ -1,4 +1,4 @@
-"""What every route needs: the AsyncEngine, the front-end tokenizer, served names, auth."""
+"""What every route needs: the AsyncEngine, the front end's InputProcessor, served names, auth."""
 
 from __future__ import annotations
 
@@ -9,12 +9,14 @@ import hmac
 import time
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from fastapi import Request
 
-from anycore.server.async_engine import AsyncEngine, EngineNotReady, EngineOverloaded, RequestGroup
-from anycore.server.errors import APIError
+from anycore.config import ServerConfig
+from anycore.engine.input_processor import EngineRequest, InputProcessor
+from anycore.errors import ModelNotFound, NotReady, Unauthorized
+from anycore.server.async_engine import AsyncEngine, RequestGroup
 from anycore.server.protocol import ChatMessage
 
 T = TypeVar("T")
@@ -27,114 +29,67 @@ class ClientGone(Exception):
 @dataclass
 class ServerContext:
     engine: AsyncEngine
-    served_model_names: list[str]
-    api_key: str | None = None
+    config: ServerConfig
+    served_model_names: list[str] = field(default_factory=list)  # the config's, or the model's name once loaded
     created: int = field(default_factory=lambda: int(time.time()))
-    tokenizer: Any = None  # the front end's own copy (HF tokenizers are not safe to share across threads)
-    max_model_len: int = 0
-    vocab_size: int = 0
+    # the front end's own tokenizer copy (HF tokenizers are not safe to share across threads);
+    # None until the engine is ready
+    inputs: InputProcessor | None = None
     _token_text: dict[int, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.served_model_names = list(self.config.served_model_names)
 
     @property
     def model_name(self) -> str:
         return self.served_model_names[0] if self.served_model_names else "anycore"
 
+    @property
+    def max_model_len(self) -> int:
+        return self.inputs.max_model_len if self.inputs is not None else 0
+
     def on_engine_ready(self) -> None:
         eng = self.engine.engine
-        self.tokenizer = copy.deepcopy(eng.tokenizer)
-        self.max_model_len = eng.max_model_len
-        self.vocab_size = eng.model_config.vocab_size
+        self.inputs = InputProcessor.for_engine(eng, copy.deepcopy(eng.tokenizer))
         if not self.served_model_names:
             self.served_model_names = [eng.model_name]
 
-    def require_ready(self) -> None:
-        if not self.engine.is_ready or self.tokenizer is None:
-            state = self.engine.state
-            msg = self.engine.load_error if state == "failed" else f"the model is {state}; retry shortly"
-            raise APIError(503, msg or "the server is not ready", code="model_not_ready")
+    def require_ready(self) -> InputProcessor:
+        self.engine.require_ready()
+        if self.inputs is None:  # ready, but the event loop has not run on_engine_ready yet
+            raise NotReady("the model is loading; retry shortly")
+        return self.inputs
 
     def check_model(self, name: str | None) -> str:
         self.require_ready()
         if name is None or name in self.served_model_names:
             return self.model_name
-        raise APIError(404, f"The model `{name}` does not exist.", param="model", code="model_not_found")
+        raise ModelNotFound(f"The model `{name}` does not exist.", param="model")
 
     def check_auth(self, request: Request) -> None:
-        if self.api_key is None:
+        key = self.config.api_key
+        if key is None:
             return
         header = request.headers.get("authorization", "")
         scheme, _, token = header.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), self.api_key.encode()):
-            raise APIError(401, "Incorrect or missing API key; send 'Authorization: Bearer <key>'.",
-                           code="invalid_api_key", type="invalid_request_error")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
+            raise Unauthorized("Incorrect or missing API key; send 'Authorization: Bearer <key>'.")
 
     # ---- tokens --------------------------------------------------------------------------
     def encode_chat(self, messages: list[ChatMessage], add_generation_prompt: bool = True) -> list[int]:
-        if getattr(self.tokenizer, "chat_template", None) is None:
-            raise APIError(400, "this model has no chat template; use /v1/completions", param="messages")
-        convo = [{"role": m.role, "content": _message_text(m)} for m in messages]
-        try:
-            ids = self.tokenizer.apply_chat_template(convo, add_generation_prompt=add_generation_prompt, tokenize=True)
-        except Exception as e:  # noqa: BLE001 - template errors (e.g. role order) are the caller's input
-            raise APIError(400, f"the chat template rejected these messages: {e}", param="messages") from e
-        if isinstance(ids, dict) or hasattr(ids, "input_ids"):  # transformers >= 5 returns an encoding
-            ids = ids["input_ids"]
-        return list(ids)
-
-    def encode_text(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
-
-    def check_prompt(self, ids: list[int], max_tokens: int | None, param: str) -> None:
-        if not ids:
-            raise APIError(400, "the prompt is empty", param=param)
-        if any(not isinstance(t, int) or t < 0 or t >= self.vocab_size for t in ids):
-            raise APIError(400, f"token ids must be integers in [0, {self.vocab_size})", param=param)
-        limit = self.max_model_len
-        if len(ids) >= limit or (max_tokens is not None and len(ids) + max_tokens > limit):
-            asked = f"{len(ids)} in the prompt" + (f", {max_tokens} in the completion" if max_tokens else "")
-            raise APIError(400, f"This model's maximum context length is {limit} tokens. However, you requested "
-                                f"{len(ids) + (max_tokens or 1)} tokens ({asked}). Please reduce the length of the "
-                                "prompt or the completion.", param=param, code="context_length_exceeded")
+        return self.require_ready().encode_chat([m.for_template() for m in messages], add_generation_prompt)
 
     def token_text(self, token_id: int) -> str:
         text = self._token_text.get(token_id)
         if text is None:
-            text = self._token_text[token_id] = self.tokenizer.decode([token_id])
+            assert self.inputs is not None
+            text = self._token_text[token_id] = self.inputs.tokenizer.decode([token_id])
         return text
 
     # ---- submitting ------------------------------------------------------------------------
-    def submit(self, requests: list[tuple[str, list[int], Any]]) -> RequestGroup:
-        try:
-            return self.engine.add_group(requests)
-        except EngineOverloaded as e:
-            raise APIError(429, str(e), code="server_overloaded", type="rate_limit_error") from e
-        except EngineNotReady as e:
-            raise APIError(503, str(e), code="model_not_ready") from e
-        except ValueError as e:
-            raise APIError(400, str(e)) from e
-
-
-def _message_text(m: ChatMessage) -> str:
-    if m.content is None:
-        return ""
-    if isinstance(m.content, str):
-        return m.content
-    parts = []
-    for p in m.content:
-        if p.type != "text" or p.text is None:
-            raise APIError(400, f"unsupported content part type {p.type!r}; only 'text' parts are supported",
-                           param="messages")
-        parts.append(p.text)
-    return "\n".join(parts)
-
-
-def output_error(message: str) -> APIError:
-    """An error the engine reported for one sub-request, as an HTTP error."""
-    if message.startswith("internal engine error"):
-        return APIError(500, message)
-    if "shutting down" in message:
-        return APIError(503, message, code="server_shutting_down")
-    return APIError(400, message)
+    def submit(self, requests: list[EngineRequest]) -> RequestGroup:
+        """Admits validated requests; raises NotReady / Overloaded / InvalidRequest (typed, with status)."""
+        return self.engine.add_group(requests)
 
 
 async def until_disconnect(request: Request, work: Awaitable[T]) -> T:

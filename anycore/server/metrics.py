@@ -1,7 +1,7 @@
 """Server metrics in the Prometheus text exposition format (no client library needed).
 
 Counters and histograms are updated only on the event-loop thread; engine gauges come from the
-``EngineStats`` snapshot the engine thread publishes, so rendering needs no lock.
+``Engine.stats()`` snapshot the engine thread publishes, so rendering needs no lock.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from collections import Counter
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from anycore.server.async_engine import EngineStats
+    from anycore.outputs import EngineStats
 
 _TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
 _ITL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0)
@@ -77,7 +77,7 @@ class ServerMetrics:
         if seconds is not None:
             self.e2e.observe(seconds)
 
-    def render(self, stats: EngineStats, num_queued: int, model_name: str, ready: bool) -> str:
+    def render(self, stats: EngineStats, num_snapshots: int, num_queued: int, model_name: str, ready: bool) -> str:
         out: list[str] = []
 
         def metric(name: str, kind: str, help_text: str, value: float | int, labels: str = "") -> None:
@@ -123,6 +123,8 @@ class ServerMetrics:
                stats.prefix_hit_tokens)
         rate = stats.prefix_hit_tokens / stats.prefix_queried_tokens if stats.prefix_queried_tokens else 0.0
         metric("anycore_prefix_cache_hit_rate", "gauge", "Hit tokens / queried tokens since start", f"{rate:.6f}")
+        metric("anycore_preemptions_total", "counter", "Running requests preempted for KV slots (recomputed later)",
+               stats.num_preemptions)
         metric("anycore_engine_steps_total", "counter", "Engine stats snapshots (steps and idle wake-ups)",
-               stats.num_steps)
+               num_snapshots)
         return "\n".join(out) + "\n"

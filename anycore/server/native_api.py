@@ -16,10 +16,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 
-from anycore.sampling_params import SamplingParams
+from anycore.errors import InvalidRequest
 from anycore.server.async_engine import RequestGroup
-from anycore.server.context import ClientGone, output_error, until_disconnect
-from anycore.server.errors import APIError, from_value_error, sse_error
+from anycore.server.context import ClientGone, until_disconnect
+from anycore.server.errors import sse_error
 from anycore.server.openai_api import Ctx
 from anycore.server.protocol import DetokenizeRequest, GenerateRequest, TokenizeRequest
 
@@ -33,26 +33,15 @@ def _meta(rid: str, out_reason: str | None, prompt: int, completion: int, cached
 
 @router.post("/generate")
 async def generate(body: GenerateRequest, request: Request, ctx: Ctx) -> Response:
-    ctx.require_ready()
+    inputs = ctx.require_ready()
     if (body.text is None) == (body.input_ids is None):
-        raise APIError(400, "give exactly one of 'text' or 'input_ids'", param="text")
-    ids = ctx.encode_text(body.text) if body.text is not None else list(body.input_ids or [])
-    sp = body.sampling_params
-    max_tokens = sp.max_new_tokens if sp.max_new_tokens is not None else (sp.max_tokens or 16)
-    try:
-        params = SamplingParams(
-            temperature=sp.temperature, top_p=sp.top_p, top_k=sp.top_k, min_p=sp.min_p,
-            repetition_penalty=sp.repetition_penalty, frequency_penalty=sp.frequency_penalty,
-            presence_penalty=sp.presence_penalty, seed=sp.seed, max_tokens=max_tokens, min_tokens=sp.min_tokens,
-            stop=sp.stop, stop_token_ids=sp.stop_token_ids or [], ignore_eos=sp.ignore_eos, logprobs=sp.logprobs,
-            skip_special_tokens=sp.skip_special_tokens, include_stop_str_in_output=sp.include_stop_str_in_output,
-        )
-    except ValueError as e:
-        raise from_value_error(e) from e
-    ctx.check_prompt(ids, max_tokens, "input_ids" if body.text is None else "text")
+        raise InvalidRequest("give exactly one of 'text' or 'input_ids'", param="text")
+    ids = inputs.encode_text(body.text) if body.text is not None else list(body.input_ids or [])
+    params = body.sampling_params.to_sampling_params()
     rid = body.rid or f"gen-{uuid.uuid4().hex}"
-    group = ctx.submit([(rid, ids, params)])
-    want_lp = sp.logprobs is not None
+    group = ctx.submit(inputs.process(rid, [ids], params, param="input_ids" if body.text is None else "text",
+                                      completion_must_fit=True))
+    want_lp = params.logprobs is not None
 
     def lps(out) -> list[list[Any]]:
         return [[t.logprob, t.token_id, ctx.token_text(t.token_id)] for t in out.new_logprobs]
@@ -62,7 +51,7 @@ async def generate(body: GenerateRequest, request: Request, ctx: Ctx) -> Respons
             async with group:
                 async for out in group:
                     if out.error is not None:
-                        yield sse_error(output_error(out.error))
+                        yield sse_error(out.error)
                         break
                     meta = _meta(rid, out.finish_reason, out.num_prompt_tokens, out.num_output_tokens,
                                  out.num_cached_tokens)
@@ -81,7 +70,7 @@ async def generate(body: GenerateRequest, request: Request, ctx: Ctx) -> Respons
         async with group:
             async for out in group:
                 if out.error is not None:
-                    raise output_error(out.error)
+                    raise out.error
                 text.append(out.delta_text)
                 out_ids.extend(out.new_token_ids)
                 if want_lp:
@@ -106,19 +95,17 @@ async def generate(body: GenerateRequest, request: Request, ctx: Ctx) -> Respons
 async def tokenize(body: TokenizeRequest, ctx: Ctx) -> dict[str, Any]:
     ctx.check_model(body.model)
     if (body.prompt is None) == (body.messages is None):
-        raise APIError(400, "give exactly one of 'prompt' or 'messages'", param="prompt")
+        raise InvalidRequest("give exactly one of 'prompt' or 'messages'", param="prompt")
     if body.messages is not None:
-        if not body.messages:
-            raise APIError(400, "messages is empty", param="messages")
         ids = ctx.encode_chat(body.messages, body.add_generation_prompt)
     else:
-        ids = ctx.encode_text(body.prompt or "", add_special_tokens=body.add_special_tokens)
+        ids = ctx.require_ready().encode_text(body.prompt or "", add_special_tokens=body.add_special_tokens)
     return {"tokens": ids, "count": len(ids), "max_model_len": ctx.max_model_len}
 
 
 @router.post("/detokenize")
 async def detokenize(body: DetokenizeRequest, ctx: Ctx) -> dict[str, Any]:
     ctx.check_model(body.model)
-    if any(t < 0 or t >= ctx.vocab_size for t in body.tokens):
-        raise APIError(400, f"token ids must be in [0, {ctx.vocab_size})", param="tokens")
-    return {"prompt": ctx.tokenizer.decode(body.tokens)}
+    inputs = ctx.require_ready()
+    inputs.check_token_ids(body.tokens, param="tokens")
+    return {"prompt": inputs.tokenizer.decode(body.tokens)}

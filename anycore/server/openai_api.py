@@ -1,12 +1,12 @@
 """POST /v1/chat/completions and /v1/completions: OpenAI semantics over the AsyncEngine.
 
-One HTTP request becomes a RequestGroup of sub-requests (prompts x n, seeds seed+j as the
-offline ``LLM`` does); choice index = prompt_index * n + j.
+One HTTP request becomes a RequestGroup of sub-requests, made by the InputProcessor as for the
+offline ``LLM`` (prompts x n, seeds seed+j); each output carries its choice index,
+prompt_index * n + j.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import time
@@ -18,11 +18,13 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 
+from anycore.engine.input_processor import EngineRequest
+from anycore.errors import InvalidRequest
 from anycore.sampling_params import SamplingParams
 from anycore.scheduler.request import TokenLogprob
 from anycore.server.async_engine import RequestGroup
-from anycore.server.context import ClientGone, ServerContext, output_error, until_disconnect
-from anycore.server.errors import APIError, from_value_error, sse_error
+from anycore.server.context import ClientGone, ServerContext, until_disconnect
+from anycore.server.errors import sse_error
 from anycore.server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 
 
@@ -39,7 +41,6 @@ router = APIRouter()
 @dataclass
 class _Choice:
     text: list[str] = field(default_factory=list)
-    token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: str | None = None
     num_output_tokens: int = 0
@@ -51,57 +52,23 @@ class _Job:
 
     rid: str
     model: str
-    prompts: list[list[int]]
-    params: SamplingParams
+    requests: list[EngineRequest]
     n: int
+    prompt_tokens: int
     stream: bool
     include_usage: bool
     created: int = field(default_factory=lambda: int(time.time()))
 
-    def sub_requests(self) -> list[tuple[str, list[int], SamplingParams]]:
-        subs = []
-        for i, ids in enumerate(self.prompts):
-            for j in range(self.n):
-                seed = self.params.seed + j if self.params.seed is not None else None
-                p = dataclasses.replace(self.params, n=1, seed=seed)
-                subs.append((f"{self.rid}-{i * self.n + j}", ids, p))
-        return subs
-
-    def index_of(self, sub_id: str) -> int:
-        return int(sub_id.rsplit("-", 1)[1])
-
     @property
     def num_choices(self) -> int:
-        return len(self.prompts) * self.n
-
-    @property
-    def prompt_tokens(self) -> int:
-        return sum(len(p) for p in self.prompts)
+        return len(self.requests)
 
 
-def _sampling_params(req: SamplingFields, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
-    try:
-        return SamplingParams(
-            n=1,
-            temperature=1.0 if req.temperature is None else req.temperature,
-            top_p=1.0 if req.top_p is None else req.top_p,
-            top_k=0 if req.top_k is None else req.top_k,
-            min_p=req.min_p,
-            repetition_penalty=req.repetition_penalty,
-            frequency_penalty=req.frequency_penalty,
-            presence_penalty=req.presence_penalty,
-            seed=req.seed,
-            max_tokens=max_tokens,
-            min_tokens=req.min_tokens,
-            stop=req.stop,
-            stop_token_ids=req.stop_token_ids or [],
-            ignore_eos=req.ignore_eos,
-            logprobs=logprobs,
-            skip_special_tokens=req.skip_special_tokens,
-            include_stop_str_in_output=req.include_stop_str_in_output,
-        )
-    except ValueError as e:
-        raise from_value_error(e) from e
+def _job(ctx: ServerContext, rid: str, model: str, prompts: list[list[int]], params: SamplingParams,
+         body: SamplingFields, param: str) -> _Job:
+    requests = ctx.require_ready().process(rid, prompts, params, param=param, completion_must_fit=True)
+    return _Job(rid, model, requests, params.n, sum(len(p) for p in prompts), body.stream,
+                bool(body.stream_options and body.stream_options.include_usage))
 
 
 def _usage(job: _Job, completion_tokens: int, cached: int) -> dict[str, Any]:
@@ -141,15 +108,14 @@ async def _collect(group: RequestGroup, job: _Job) -> tuple[list[_Choice], int]:
     async with group:
         async for out in group:
             if out.error is not None:
-                raise output_error(out.error)
-            c = choices[job.index_of(out.request_id)]
+                raise out.error
+            c = choices[out.index]
             c.text.append(out.delta_text)
-            c.token_ids.extend(out.new_token_ids)
             c.logprobs.extend(out.new_logprobs)
             c.num_output_tokens = out.num_output_tokens
             if out.finished:
                 c.finish_reason = out.finish_reason
-                cached[job.index_of(out.request_id) // job.n] = out.num_cached_tokens
+                cached[out.index // job.n] = out.num_cached_tokens
     return choices, sum(cached.values())
 
 
@@ -158,7 +124,7 @@ def _sse(obj: dict[str, Any]) -> str:
 
 
 async def _respond(request: Request, ctx: ServerContext, job: _Job, build, stream_chunks) -> Response:
-    group = ctx.submit(job.sub_requests())
+    group = ctx.submit(job.requests)
     if job.stream:
         return StreamingResponse(stream_chunks(group), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
@@ -179,12 +145,10 @@ async def chat_completions(body: ChatCompletionRequest, request: Request,
     model = ctx.check_model(body.model)
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     if body.top_logprobs is not None and not body.logprobs:
-        raise APIError(400, "top_logprobs requires logprobs=true", param="top_logprobs")
-    params = _sampling_params(body, max_tokens, (body.top_logprobs or 0) if body.logprobs else None)
+        raise InvalidRequest("top_logprobs requires logprobs=true", param="top_logprobs")
+    params = body.to_sampling_params(max_tokens, (body.top_logprobs or 0) if body.logprobs else None)
     ids = ctx.encode_chat(body.messages, body.add_generation_prompt)
-    ctx.check_prompt(ids, max_tokens, "messages")
-    job = _Job(f"chatcmpl-{uuid.uuid4().hex}", model, [ids], params, body.n, body.stream,
-               bool(body.stream_options and body.stream_options.include_usage))
+    job = _job(ctx, f"chatcmpl-{uuid.uuid4().hex}", model, [ids], params, body, "messages")
     want_lp = body.logprobs
 
     def build(choices: list[_Choice], cached: int) -> dict[str, Any]:
@@ -215,9 +179,9 @@ async def chat_completions(body: ChatCompletionRequest, request: Request,
             completion_tokens, cached = 0, 0
             async for out in group:
                 if out.error is not None:
-                    yield sse_error(output_error(out.error))
+                    yield sse_error(out.error)
                     break
-                i = job.index_of(out.request_id)
+                i = out.index
                 if out.delta_text or (want_lp and out.new_logprobs):
                     yield chunk([{"index": i, "delta": {"content": out.delta_text},
                                   "logprobs": _chat_logprobs(ctx, out.new_logprobs) if want_lp else None,
@@ -240,17 +204,15 @@ async def completions(body: CompletionRequest, request: Request,
                       ctx: Ctx) -> Response:
     model = ctx.check_model(body.model)
     if body.echo:
-        raise APIError(400, "echo is not supported", param="echo")
+        raise InvalidRequest("echo is not supported", param="echo")
     if body.suffix:
-        raise APIError(400, "suffix is not supported", param="suffix")
+        raise InvalidRequest("suffix is not supported", param="suffix")
     if body.best_of is not None and body.best_of != body.n:
-        raise APIError(400, "best_of must equal n (or be omitted)", param="best_of")
-    params = _sampling_params(body, body.max_tokens, body.logprobs)
-    prompts = _completion_prompts(ctx, body.prompt)
-    for ids in prompts:
-        ctx.check_prompt(ids, body.max_tokens, "prompt")
-    job = _Job(f"cmpl-{uuid.uuid4().hex}", model, prompts, params, body.n, body.stream,
-               bool(body.stream_options and body.stream_options.include_usage))
+        raise InvalidRequest("best_of must equal n (or be omitted)", param="best_of")
+    params = body.to_sampling_params(body.max_tokens, body.logprobs)
+    inputs = ctx.require_ready()
+    prompts = [inputs.encode_prompt(p) for p in inputs.split_prompts(body.prompt)]
+    job = _job(ctx, f"cmpl-{uuid.uuid4().hex}", model, prompts, params, body, "prompt")
     want_lp = body.logprobs is not None
 
     def build(choices: list[_Choice], cached: int) -> dict[str, Any]:
@@ -278,9 +240,9 @@ async def completions(body: CompletionRequest, request: Request,
             completion_tokens, cached = 0, {}
             async for out in group:
                 if out.error is not None:
-                    yield sse_error(output_error(out.error))
+                    yield sse_error(out.error)
                     break
-                i = job.index_of(out.request_id)
+                i = out.index
                 if out.delta_text or out.finished or (want_lp and out.new_logprobs):
                     lp = _completion_logprobs(ctx, out.new_logprobs, offsets[i]) if want_lp else None
                     offsets[i] += sum(len(t) for t in lp["tokens"]) if lp else 0
@@ -295,24 +257,3 @@ async def completions(body: CompletionRequest, request: Request,
             yield "data: [DONE]\n\n"
 
     return await _respond(request, ctx, job, build, stream)
-
-
-def _completion_prompts(ctx: ServerContext, prompt: Any) -> list[list[int]]:
-    if isinstance(prompt, str):
-        prompts: list[Any] = [prompt]
-    elif prompt and all(isinstance(t, int) for t in prompt):
-        prompts = [prompt]
-    else:
-        prompts = list(prompt)
-    if not prompts:
-        raise APIError(400, "the prompt is empty", param="prompt")
-    out = []
-    for p in prompts:
-        if isinstance(p, str):
-            if not p:
-                raise APIError(400, "the prompt is empty", param="prompt")
-            out.append(ctx.encode_text(p))
-        else:
-            out.append(list(p))
-    return out
-

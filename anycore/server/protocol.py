@@ -1,7 +1,7 @@
 """Pydantic request models at the HTTP edge (OpenAI schema plus vLLM/SGLang extras).
 
 Ranges that OpenAI documents are checked here so a bad field answers 400 naming that field;
-everything else is checked by ``SamplingParams.validate`` when the request is built.
+everything else is checked by ``SamplingParams.validate`` when ``to_sampling_params`` builds it.
 """
 
 from __future__ import annotations
@@ -9,6 +9,9 @@ from __future__ import annotations
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from anycore.errors import InvalidRequest
+from anycore.sampling_params import SamplingParams
 
 
 class _Model(BaseModel):
@@ -45,6 +48,28 @@ class SamplingFields(_Model):
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
 
+    def to_sampling_params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+        """OpenAI's unset temperature/top_p/top_k mean 1, 1 and off; raises InvalidParameter."""
+        return SamplingParams(
+            n=self.n,
+            temperature=1.0 if self.temperature is None else self.temperature,
+            top_p=1.0 if self.top_p is None else self.top_p,
+            top_k=0 if self.top_k is None else self.top_k,
+            min_p=self.min_p,
+            repetition_penalty=self.repetition_penalty,
+            frequency_penalty=self.frequency_penalty,
+            presence_penalty=self.presence_penalty,
+            seed=self.seed,
+            max_tokens=max_tokens,
+            min_tokens=self.min_tokens,
+            stop=self.stop,
+            stop_token_ids=self.stop_token_ids or [],
+            ignore_eos=self.ignore_eos,
+            logprobs=logprobs,
+            skip_special_tokens=self.skip_special_tokens,
+            include_stop_str_in_output=self.include_stop_str_in_output,
+        )
+
 
 class TextPart(_Model):
     type: str
@@ -55,6 +80,18 @@ class ChatMessage(_Model):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+
+    def for_template(self) -> dict[str, str]:
+        """The message as the chat template takes it (text parts joined by newlines)."""
+        if self.content is None or isinstance(self.content, str):
+            return {"role": self.role, "content": self.content or ""}
+        parts = []
+        for p in self.content:
+            if p.type != "text" or p.text is None:
+                raise InvalidRequest(f"unsupported content part type {p.type!r}; only 'text' parts are supported",
+                                     param="messages")
+            parts.append(p.text)
+        return {"role": self.role, "content": "\n".join(parts)}
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -94,6 +131,18 @@ class NativeSamplingParams(_Model):
     logprobs: int | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+
+    def to_sampling_params(self) -> SamplingParams:
+        """Unset max_new_tokens / max_tokens mean 16 tokens (SGLang's default)."""
+        max_tokens = self.max_new_tokens if self.max_new_tokens is not None else (self.max_tokens or 16)
+        return SamplingParams(
+            temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, min_p=self.min_p,
+            repetition_penalty=self.repetition_penalty, frequency_penalty=self.frequency_penalty,
+            presence_penalty=self.presence_penalty, seed=self.seed, max_tokens=max_tokens, min_tokens=self.min_tokens,
+            stop=self.stop, stop_token_ids=self.stop_token_ids or [], ignore_eos=self.ignore_eos,
+            logprobs=self.logprobs, skip_special_tokens=self.skip_special_tokens,
+            include_stop_str_in_output=self.include_stop_str_in_output,
+        )
 
 
 class GenerateRequest(_Model):

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from anycore import LLM, SamplingParams
+from anycore.errors import ContextLengthExceeded
 
 pytestmark = pytest.mark.slow
 
@@ -15,7 +16,7 @@ def test_n_samples_with_seed_are_reproducible(llm_fp32):
     params = SamplingParams(n=3, temperature=1.0, top_p=0.9, seed=123, max_tokens=12, ignore_eos=True)
     a = llm_fp32.generate(["Tell me a story about a dragon."], params)[0]
     b = llm_fp32.generate(["Tell me a story about a dragon."], params)[0]
-    assert len(a.outputs) == 3
+    assert len(a.outputs) == 3 and [o.index for o in a.outputs] == [0, 1, 2]
     assert [o.token_ids for o in a.outputs] == [o.token_ids for o in b.outputs]
     assert len({tuple(o.token_ids) for o in a.outputs}) > 1  # different seeds per sample
 
@@ -54,7 +55,7 @@ def test_max_tokens_gives_length_finish(llm_fp32):
 
 def test_prompt_longer_than_context_is_rejected_without_side_effects(llm_fp32):
     too_long = [100] * llm_fp32.engine.max_model_len
-    with pytest.raises(ValueError, match="context"):
+    with pytest.raises(ContextLengthExceeded, match="context"):  # a ValueError
         llm_fp32.generate(["fine prompt", too_long], SamplingParams(max_tokens=2))
     assert not llm_fp32.engine.has_unfinished()
     assert llm_fp32.generate(["still works"], SamplingParams(temperature=0, max_tokens=2))[0].token_ids
