@@ -1,14 +1,21 @@
-"""`anycore bench <latency|throughput|serving|compare>` argument wiring."""
+"""`anycore bench <latency|throughput|serving|compare>`: the flags of each benchmark and the
+hand-off to its module. Every benchmark checks its flags before it loads or measures anything;
+a bad one ends the command with one line on stderr and exit status 2."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Callable
 
+from anycore.bench.checks import BenchArgumentError
 from anycore.config import EngineConfig
 
 
 def add_bench_args(parser: argparse.ArgumentParser, add_engine_args: Callable[[argparse.ArgumentParser], None]) -> None:
+    from anycore.bench.compare.args import add_compare_args
+    from anycore.bench.serving import add_serving_args
+
     sub = parser.add_subparsers(dest="bench", required=True)
     for kind, defaults in (("latency", (512, 128)), ("throughput", (128, 128))):
         p = sub.add_parser(kind, help=f"offline {kind} (engine in-process)")
@@ -19,19 +26,24 @@ def add_bench_args(parser: argparse.ArgumentParser, add_engine_args: Callable[[a
         p.add_argument("--output-len", type=int, default=defaults[1])
         p.add_argument("--num-prompts", type=int, default=16)
         p.add_argument("--repeats", type=int, default=3)
-        p.add_argument("--json", default=None, help="also write the results to this JSON file")
-    from anycore.bench.serving import add_serving_args
-
+        p.add_argument("--json", default=None,
+                       help=f"also write the results to this JSON file (a folder: {kind}.json in it)")
     serving = sub.add_parser("serving", help="load-test an OpenAI-compatible server (ours or any other)")
     add_serving_args(serving)
-    from anycore.bench.compare import add_compare_args
-
     compare = sub.add_parser("compare", help="anycore vs llama.cpp and transformers, same model and prompts")
     add_engine_args(compare)
     add_compare_args(compare)
 
 
 def run_bench(args: argparse.Namespace, config: EngineConfig | None) -> int:
+    try:
+        return _dispatch(args, config)
+    except BenchArgumentError as e:
+        print(f"anycore bench {args.bench}: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _dispatch(args: argparse.Namespace, config: EngineConfig | None) -> int:
     if args.bench in ("latency", "throughput"):
         from anycore.bench.offline import bench_offline
 
@@ -42,7 +54,7 @@ def run_bench(args: argparse.Namespace, config: EngineConfig | None) -> int:
 
         return run_serving(args)
     if args.bench == "compare":
-        from anycore.bench.compare import run_compare
+        from anycore.bench.compare.run import run_compare
 
         assert config is not None
         return run_compare(args, config)

@@ -140,3 +140,17 @@ def top_other_processes(n: int = 3, window: float = 0.5) -> list[tuple[str, floa
             continue
     out.sort(key=lambda x: -x[1])
     return [(name, round(c, 2)) for name, c in out[:n] if c > 0.01]
+
+
+def wait_for_quiet(max_other_cores: float, max_wait: float, window: float = 1.0) -> bool:
+    """Waits (up to ``max_wait`` s) for a ``window`` in which other processes used at most
+    ``max_other_cores``; True when one came (or no wait was asked for)."""
+    if max_wait <= 0:
+        return True
+    end = time.monotonic() + max_wait
+    while time.monotonic() < end:
+        with LoadMonitor(interval=window) as mon:
+            time.sleep(window)
+        if mon.report.other_cores <= max_other_cores:
+            return True
+    return False

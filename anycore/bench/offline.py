@@ -9,21 +9,26 @@ Prompts are random token ids (seeded) so no run is a prefix-cache hit of another
 
 from __future__ import annotations
 
-import json
 import random
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from anycore.bench.checks import check_offline
+from anycore.bench.report import write_json_atomic
 from anycore.config import EngineConfig
 from anycore.engine.engine import Engine
 from anycore.sampling_params import SamplingParams
 
+# draws a prompt of n token ids; `anycore bench compare` passes one shared by every engine
+PromptSource = Callable[[int], list[int]]
 
-def _random_prompt(rng: random.Random, n: int, vocab: int) -> list[int]:
+
+def vocab_prompts(rng: random.Random, vocab: int) -> PromptSource:
     # skip the low ids (special tokens in most vocabularies)
-    return [rng.randrange(256, vocab) for _ in range(n)]
+    return lambda n: [rng.randrange(256, vocab) for _ in range(n)]
 
 
 def _drain(engine: Engine) -> None:
@@ -31,21 +36,20 @@ def _drain(engine: Engine) -> None:
         engine.step()
 
 
-def measure_prefill(engine: Engine, prompt_len: int, rng: random.Random) -> float:
+def measure_prefill(engine: Engine, prompt_len: int, prompts: PromptSource) -> float:
     """tok/s of prefilling one prompt (all of it in as few steps as the budget allows)."""
-    prompt = _random_prompt(rng, prompt_len, engine.model_config.vocab_size)
+    prompt = prompts(prompt_len)
     engine.add_request(prompt, SamplingParams(temperature=0, max_tokens=1, ignore_eos=True))
     t0 = time.perf_counter()
     _drain(engine)
     return prompt_len / (time.perf_counter() - t0)
 
 
-def measure_decode(engine: Engine, decode_tokens: int, rng: random.Random, batch: int = 1) -> float:
+def measure_decode(engine: Engine, decode_tokens: int, prompts: PromptSource, batch: int = 1) -> float:
     """Output tok/s of ``batch`` requests decoding together, after their prefill is done."""
-    vocab = engine.model_config.vocab_size
     params = SamplingParams(temperature=0, max_tokens=decode_tokens + 1, ignore_eos=True)
     for _ in range(batch):
-        engine.add_request(_random_prompt(rng, 16, vocab), params)
+        engine.add_request(prompts(16), params)
     produced = 0
     while produced < batch:  # until every request has its first token (prefill finished)
         produced += len(engine.step())
@@ -56,11 +60,11 @@ def measure_decode(engine: Engine, decode_tokens: int, rng: random.Random, batch
     return produced / (time.perf_counter() - t0)
 
 
-def measure_throughput(engine: Engine, num_prompts: int, input_len: int, output_len: int, rng: random.Random) -> dict:
-    vocab = engine.model_config.vocab_size
+def measure_throughput(engine: Engine, num_prompts: int, input_len: int, output_len: int,
+                       prompts: PromptSource) -> dict:
     params = SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True)
     for _ in range(num_prompts):
-        engine.add_request(_random_prompt(rng, input_len, vocab), params)
+        engine.add_request(prompts(input_len), params)
     t0 = time.perf_counter()
     _drain(engine)
     dt = time.perf_counter() - t0
@@ -73,10 +77,10 @@ def measure_throughput(engine: Engine, num_prompts: int, input_len: int, output_
 
 def run_latency(config: EngineConfig, prompt_len: int, decode_tokens: int, repeats: int, seed: int = 0) -> dict:
     engine = Engine(replace(config, max_num_batched_tokens=max(config.max_num_batched_tokens, prompt_len)))
-    rng = random.Random(seed)
-    measure_decode(engine, 8, rng)  # warm-up (allocator, kernels, caches)
-    prefill = [measure_prefill(engine, prompt_len, rng) for _ in range(repeats)]
-    decode = [measure_decode(engine, decode_tokens, rng) for _ in range(repeats)]
+    prompts = vocab_prompts(random.Random(seed), engine.model_config.vocab_size)
+    measure_decode(engine, 8, prompts)  # warm-up (allocator, kernels, caches)
+    prefill = [measure_prefill(engine, prompt_len, prompts) for _ in range(repeats)]
+    decode = [measure_decode(engine, decode_tokens, prompts) for _ in range(repeats)]
     return {
         "dtype": config.dtype,
         "kernels": dict(engine.ops.choices),
@@ -92,9 +96,9 @@ def run_latency(config: EngineConfig, prompt_len: int, decode_tokens: int, repea
 def run_throughput(config: EngineConfig, num_prompts: int, input_len: int, output_len: int, repeats: int,
                    seed: int = 0) -> dict:
     engine = Engine(config)
-    rng = random.Random(seed)
-    measure_decode(engine, 4, rng)
-    runs = [measure_throughput(engine, num_prompts, input_len, output_len, rng) for _ in range(repeats)]
+    prompts = vocab_prompts(random.Random(seed), engine.model_config.vocab_size)
+    measure_decode(engine, 4, prompts)  # warm-up
+    runs = [measure_throughput(engine, num_prompts, input_len, output_len, prompts) for _ in range(repeats)]
     return {
         "dtype": config.dtype,
         "num_prompts": num_prompts,
@@ -111,6 +115,10 @@ def _dtypes(value: str) -> list[str]:
 
 
 def bench_offline(kind: str, args: Any, config: EngineConfig) -> int:
+    """Runs ``kind`` (latency | throughput) per dtype, arguments checked first; with ``--json``
+    the results so far are written after each dtype, so a failure in a later one keeps the
+    earlier numbers."""
+    json_path = check_offline(kind, args)
     results: list[dict[str, Any]] = []
     for dtype in _dtypes(args.bench_dtype):
         cfg = replace(config, dtype=dtype)
@@ -123,7 +131,6 @@ def bench_offline(kind: str, args: Any, config: EngineConfig) -> int:
             print(f"[{dtype}] {args.num_prompts} prompts x ({args.input_len} in, {args.output_len} out): "
                   f"{r['output_tok_s']:.1f} output tok/s, {r['total_tok_s']:.1f} total tok/s")
         results.append(r)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
+        if json_path is not None:
+            write_json_atomic(results, json_path)
     return 0

@@ -7,6 +7,7 @@ formatting is testable with a fake result.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -112,7 +113,8 @@ def format_table(result: dict[str, Any]) -> str:
                 ("NOISY: " + "; ".join(m["noise_reasons"])) if m["noisy"] else "",
             ))
         rows.append(())
-    widths = [max(len(h), *(len(r[i]) for r in rows if r)) for i, h in enumerate(head)]
+    # (a list: a run whose every engine was skipped has no rows)
+    widths = [max([len(h), *(len(r[i]) for r in rows if r)]) for i, h in enumerate(head)]
 
     def line(cells: tuple[str, ...]) -> str:
         return "  ".join(c.ljust(w) if i < 2 or i in (3, 9) else c.rjust(w)
@@ -152,6 +154,10 @@ def format_table(result: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
-def write_json(result: dict[str, Any], path: Path) -> None:
+def write_json_atomic(result: Any, path: Path) -> None:
+    """Writes ``result`` as JSON through a temporary file renamed over ``path``: a crash while
+    writing leaves the previous checkpoint whole, never a truncated file."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=2, default=str) + "\n", encoding="utf-8")
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(result, indent=2, default=str) + "\n", encoding="utf-8")
+    os.replace(tmp, path)

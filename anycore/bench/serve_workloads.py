@@ -54,7 +54,7 @@ async def _shared_prefix(base_url: str, seed: int, prefix_len: int, suffix_len: 
                     "ignore_eos": True}
 
         async def one(prompt: list[int]) -> float:
-            r = await serving._one(client, url, body(prompt), 600)
+            r = await serving.stream_completion(client, url, body(prompt), 600)
             if not r.ok:
                 raise RuntimeError(f"request failed: {r.error}")
             return r.ttft

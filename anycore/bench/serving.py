@@ -108,7 +108,8 @@ def _error_message(err: Any) -> str:
     return str(err)
 
 
-async def _one(client: Any, url: str, body: dict[str, Any], timeout: float) -> RequestResult:
+async def stream_completion(client: Any, url: str, body: dict[str, Any], timeout: float) -> RequestResult:
+    """One streaming completion, timed from send to every token chunk; a failure is a result."""
     res = RequestResult(prompt_len=len(body["prompt"]) if isinstance(body["prompt"], list) else 0)
     t0 = time.perf_counter()
     last = t0
@@ -237,7 +238,7 @@ async def benchmark(args: argparse.Namespace) -> dict[str, Any]:
             return b
 
         for prompt, max_tokens in build_prompts(args, args.warmup, random.Random(args.seed + 1)):
-            w = await _one(client, url, body(prompt, max_tokens), args.timeout)
+            w = await stream_completion(client, url, body(prompt, max_tokens), args.timeout)
             if not w.ok:
                 raise RuntimeError(f"warm-up request failed: {w.error}")
         work = build_prompts(args, n, rng)
@@ -245,7 +246,7 @@ async def benchmark(args: argparse.Namespace) -> dict[str, Any]:
 
         async def limited(prompt: Any, max_tokens: int) -> RequestResult:
             async with sem:
-                return await _one(client, url, body(prompt, max_tokens), args.timeout)
+                return await stream_completion(client, url, body(prompt, max_tokens), args.timeout)
 
         tasks = []
         start = time.perf_counter()
@@ -264,21 +265,29 @@ async def benchmark(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run_serving(args: argparse.Namespace) -> int:
+    """Checks the arguments, runs the load, prints the table (and writes ``--json-out``)."""
+    from anycore.bench.checks import check_serving
+    from anycore.bench.report import write_json_atomic
+
+    json_path = check_serving(args)
     summary = asyncio.run(benchmark(args))
     print(format_table(summary))
-    if args.json_out:
-        Path(args.json_out).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    if json_path is not None:
+        write_json_atomic(summary, json_path)
     return 0 if summary["completed"] and not summary["failed"] else 1
 
 
 def main(argv: list[str] | None = None) -> int:
+    from anycore.bench.checks import BenchArgumentError
+
     p = argparse.ArgumentParser(prog="python -m anycore.bench.serving", description=__doc__.split("\n\n")[0])
     add_serving_args(p)
-    return run_serving(p.parse_args(argv))
+    try:
+        return run_serving(p.parse_args(argv))
+    except BenchArgumentError as e:
+        p.exit(2, f"{p.prog}: error: {e}\n")
 
 
 if __name__ == "__main__":
     sys.exit(main())
 
-
-__all__ = ["RequestResult", "add_serving_args", "benchmark", "run_serving", "summarize"]

@@ -6,7 +6,7 @@ Pure Python, no torch: the harness logic is unit-tested without running a benchm
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -89,7 +89,3 @@ def fmt_num(x: float | None, digits: int = 3) -> str:
         return f"{x:.2f}"
     return f"{x:.3f}"
 
-
-def mean_or_zero(values: Iterable[float]) -> float:
-    values = list(values)
-    return statistics.fmean(values) if values else 0.0

@@ -37,8 +37,16 @@ def test_probe_binary_is_cached_per_source(tmp_path, monkeypatch):
     mtime = exe.stat().st_mtime_ns
     assert hardware._compile_stream(tmp_path) == exe and exe.stat().st_mtime_ns == mtime  # reused, not rebuilt
     assert "-O3" in (tmp_path / (exe.name + ".flags")).read_text()
-    monkeypatch.setattr(hardware, "_STREAM_C", hardware._STREAM_C + "\n/* edited */\n")
+    edited = tmp_path / "stream_read.c"
+    edited.write_text(hardware.STREAM_SOURCE.read_text() + "\n/* edited */\n")
+    monkeypatch.setattr(hardware, "STREAM_SOURCE", edited)
     assert hardware._compile_stream(tmp_path) != exe  # an edited probe gets its own binary
+
+
+@needs_cc
+def test_without_its_source_numpy_is_the_fallback(tmp_path, monkeypatch):
+    monkeypatch.setattr(hardware, "STREAM_SOURCE", tmp_path / "missing.c")
+    assert hardware._compile_stream(tmp_path) is None
 
 
 def test_without_a_compiler_numpy_is_the_fallback(tmp_path, monkeypatch):

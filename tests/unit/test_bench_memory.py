@@ -2,23 +2,15 @@
 
 from __future__ import annotations
 
-import argparse
-from pathlib import Path
-
 import pytest
 
-from anycore.bench import compare as cmp
-from anycore.bench import memory, report
-from anycore.bench.peers_offline import PeerUnavailable
+from anycore.bench import report
+from anycore.bench.compare import memory_phase, offline_phase
+from anycore.bench.peers.base import PeerUnavailable, Runner
 from anycore.config import EngineConfig
+from tests.unit.bench_helpers import compare_context
 
 MB = 1 << 20
-
-
-def _args(tmp_path: Path, *argv: str) -> argparse.Namespace:
-    p = argparse.ArgumentParser()
-    cmp.add_compare_args(p)
-    return p.parse_args(["--out", str(tmp_path / "r.json"), "--cache-dir", str(tmp_path / "cache"), *argv])
 
 
 def _fake_rss(load_mb: float, gen_mb: float, import_mb: float = 200.0) -> dict:
@@ -38,20 +30,23 @@ def test_memory_phase_rows_and_skips(tmp_path, monkeypatch):
     def llama_rss(path, threads, n):
         raise PeerUnavailable("llama_cpp not importable")
 
-    monkeypatch.setattr(memory, "anycore_rss", anycore_rss)
-    monkeypatch.setattr(memory, "llama_cpp_rss", llama_rss)
-    monkeypatch.setattr(cmp, "gguf_variant", lambda src, qt, cache: src)
-    c = cmp.Compare(_args(tmp_path, "--gguf-types", "Q8_0", "--memory-gen-tokens", "8"),
-                    EngineConfig(threads=2, quantization="w8a8_int8"))
-    c.memory(tmp_path / "m.gguf")
+    monkeypatch.setattr(memory_phase, "anycore_rss", anycore_rss)
+    monkeypatch.setattr(memory_phase, "llama_cpp_rss", llama_rss)
+    monkeypatch.setattr(memory_phase, "gguf_variant", lambda src, qt, cache: src)
+    c = compare_context(tmp_path, "--gguf-types", "Q8_0", "--memory-gen-tokens", "8",
+                        config=EngineConfig(threads=2, quantization="w8a8_int8"))
+    written = []
+    monkeypatch.setattr(c.results, "checkpoint", lambda error=None: written.append(len(c.results.measurements)))
+    memory_phase.run_memory(c, tmp_path / "m.gguf")
+    assert written == [4]
     assert seen == [(None, 8), ("w8a8_int8", 8)]
-    assert "llama.cpp Q8_0 memory" in c.skipped
-    rows = {(m["workload"], m["engine"]): m for m in c.measurements}
+    assert "llama.cpp Q8_0 memory" in c.results.skipped
+    rows = {(m["workload"], m["engine"]): m for m in c.results.measurements}
     assert rows[("RSS after load", "anycore bf16")]["median"] == pytest.approx(600)
     gen = rows[("RSS after load + 8 tok", "anycore w8a8_int8")]
     assert gen["median"] == pytest.approx(410) and gen["import_mb"] == pytest.approx(200)
     assert not gen["higher_is_better"] and gen["unit"] == "MB"
-    targets = report.quantization_targets(c.measurements, "w8a8_int8")
+    targets = report.quantization_targets(c.results.measurements, "w8a8_int8")
     t = next(t for t in targets if t["workload"] == "RSS after load + 8 tok")
     assert t["ratio"] == pytest.approx(410 / 620) and t["ratio_above_import"] == pytest.approx(210 / 420)
     assert t["met"] is False
@@ -69,18 +64,23 @@ def test_memory_models_are_measured_on_anycore_only_and_tagged(tmp_path, monkeyp
         seen.append(("llama", path.name))
         return _fake_rss(300, 310)
 
-    monkeypatch.setattr(memory, "anycore_rss", anycore_rss)
-    monkeypatch.setattr(memory, "llama_cpp_rss", llama_rss)
-    monkeypatch.setattr(cmp, "gguf_variant", lambda src, qt, cache: src)
+    monkeypatch.setattr(memory_phase, "anycore_rss", anycore_rss)
+    monkeypatch.setattr(memory_phase, "llama_cpp_rss", llama_rss)
+    monkeypatch.setattr(memory_phase, "gguf_variant", lambda src, qt, cache: src)
     big = tmp_path / "big"
-    c = cmp.Compare(_args(tmp_path, "--gguf-types", "Q8_0", "--memory-gen-tokens", "8", "--memory-models", str(big)),
-                    EngineConfig(threads=2, quantization="w8a8_int8"))
-    c.memory(tmp_path / "m.gguf")
+    big.mkdir()
+    (big / "config.json").write_text("{}")  # an HF folder, as far as the argument check looks
+    c = compare_context(tmp_path, "--gguf-types", "Q8_0", "--memory-gen-tokens", "8", "--memory-models", str(big),
+                        config=EngineConfig(threads=2, quantization="w8a8_int8"))
+    written = []
+    monkeypatch.setattr(c.results, "checkpoint", lambda error=None: written.append(len(c.results.measurements)))
+    memory_phase.run_memory(c, tmp_path / "m.gguf")
+    assert written == [6, 10]  # after the run's model, after the bigger one
     assert seen == [(None, None), (None, "w8a8_int8"), ("llama", "m.gguf"), (str(big), None), (str(big), "w8a8_int8")]
-    rows = {(m["workload"], m["engine"]): m for m in c.measurements}
+    rows = {(m["workload"], m["engine"]): m for m in c.results.measurements}
     assert rows[("RSS after load + 8 tok [big]", "anycore w8a8_int8")]["median"] == pytest.approx(1900)
     assert ("RSS after load + 8 tok [big]", "llama.cpp Q8_0") not in rows
-    targets = report.quantization_targets(c.measurements, "w8a8_int8")
+    targets = report.quantization_targets(c.results.measurements, "w8a8_int8")
     t = next(t for t in targets if t["workload"] == "RSS after load + 8 tok [big]")
     assert t["ratio"] == pytest.approx(1900 / 3600) and t["met"] is True
 
@@ -103,10 +103,9 @@ def test_targets_against_llama_cpp_q8_0():
 
 
 def test_noisy_repeat_is_measured_again(tmp_path, monkeypatch):
-    from anycore.bench import peers_offline
     from anycore.bench.load import LoadReport
 
-    class Runner(peers_offline.Runner):
+    class FakeRunner(Runner):
         def __init__(self, name, *_, **__):
             super().__init__(name, "bf16", 1_000_000, {})
             self.calls = 0
@@ -127,14 +126,13 @@ def test_noisy_repeat_is_measured_again(tmp_path, monkeypatch):
         def __exit__(self, *exc):
             return None
 
-    monkeypatch.setattr(cmp, "AnycoreRunner", Runner)
-    monkeypatch.setattr(cmp, "LoadMonitor", lambda *a, **k: FakeMonitor())
-    c = cmp.Compare(_args(tmp_path, "--peers", "none", "--repeats", "3", "--workloads", "decode",
-                          "--retry-noisy", "1", "--settle", "0"), EngineConfig(threads=2))
+    monkeypatch.setattr(offline_phase, "LoadMonitor", lambda *a, **k: FakeMonitor())
+    c = compare_context(tmp_path, "--peers", "none", "--repeats", "3", "--workloads", "decode", "--retry-noisy", "1")
     runners = []
-    monkeypatch.setattr(cmp, "AnycoreRunner", lambda *a, **k: runners.append(Runner(*a, **k)) or runners[-1])
-    c.offline(tmp_path / "m.gguf", {})
-    (m,) = c.measurements
+    monkeypatch.setattr(offline_phase, "AnycoreRunner",
+                        lambda *a, **k: runners.append(FakeRunner(*a, **k)) or runners[-1])
+    offline_phase.run_offline(c, tmp_path / "m.gguf", {})
+    (m,) = c.results.measurements
     draws = runners[0].draws
     assert draws[0] != draws[1]  # a retry never reuses the discarded attempt's prompt (prefix cache)
     # repeat 0: attempt 1 discarded (0.9), attempt 2 kept; repeat 1 kept; repeat 2: 0.9 then 0.9, the last kept
@@ -145,8 +143,8 @@ def test_noisy_repeat_is_measured_again(tmp_path, monkeypatch):
 def test_int8_head_variant_joins_the_run(tmp_path):
     """--quantize-lm-head adds the quantized engine a second time with an int8 head; bf16 and
     the plain quantized engine never get the flag (bf16 could not even be configured with it)."""
-    c = cmp.Compare(_args(tmp_path, "--kernels-off"),
-                    EngineConfig(threads=2, quantization="w8a8_int8", quantize_lm_head=True))
+    c = compare_context(tmp_path, "--kernels-off",
+                        config=EngineConfig(threads=2, quantization="w8a8_int8", quantize_lm_head=True))
     offline = dict(c.anycore_engines(offline=True))
     assert list(offline) == ["anycore bf16", "anycore bf16 torch-native", "anycore w8a8_int8",
                              "anycore w8a8_int8 +int8 head"]

@@ -57,7 +57,9 @@ def test_table_lists_every_cell_with_flags_and_skips():
 def test_json_round_trip(tmp_path):
     res = _fake_result()
     path = tmp_path / "sub" / "r.json"
-    report.write_json(res, path)
+    report.write_json_atomic(res, path)
+    report.write_json_atomic(res, path)  # rewritten in place, as after every workload
+    assert sorted(p.name for p in path.parent.iterdir()) == ["r.json"]  # no temporary file left
     back = json.loads(path.read_text())
     assert back["measurements"][1]["ratio"] == pytest.approx(2.0)
     assert report.format_table(back) == report.format_table(res)

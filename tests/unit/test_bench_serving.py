@@ -15,8 +15,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from anycore.bench import peers_server, report, serve_workloads, serving
-from anycore.bench.peers_offline import PeerUnavailable
+from anycore.bench import report, serve_workloads, serving
+from anycore.bench.peers import llama_server_build
+from anycore.bench.peers import servers as peers_server
+from anycore.bench.peers.base import PeerUnavailable
 from tests.unit.fake_openai_server import MODEL, Behaviour, FakeOpenAIServer
 
 FIRST, STEP = 0.05, 0.01  # injected first-token and inter-token delays (s)
@@ -30,7 +32,7 @@ def _args(url: str, concurrency: int = 2, num_prompts: int = 6, input_len: int =
 
 async def _one(url: str, body: dict) -> serving.RequestResult:
     async with httpx.AsyncClient() as client:
-        return await serving._one(client, f"{url}/v1/completions", body, 30)
+        return await serving.stream_completion(client, f"{url}/v1/completions", body, 30)
 
 
 def _body(n: int, prompt=None, **extra) -> dict:
@@ -305,18 +307,18 @@ def test_server_commands_and_cached_llama_server(tmp_path, monkeypatch):
     assert a.url == f"http://127.0.0.1:{a.port}" and a.log_path.name == "anycore-server_w8a8.log"
     ls = peers_server.llama_server("llama-server Q8_0", Path("/x/llama-server"), Path("m.gguf"), 2, tmp_path)
     assert ls.cmd[ls.cmd.index("-t") + 1] == "2" and ls.cmd[ls.cmd.index("--port") + 1] == str(ls.port)
-    monkeypatch.setattr(peers_server, "_llama_cpp_python_version", lambda: "9.9")
+    monkeypatch.setattr(llama_server_build, "_llama_cpp_python_version", lambda: "9.9")
     exe = tmp_path / "llama.cpp-9.9/build/bin/llama-server"
     exe.parent.mkdir(parents=True)
     exe.write_text("")
-    assert peers_server.ensure_llama_server(tmp_path, build=False) == exe
+    assert llama_server_build.ensure_llama_server(tmp_path, build=False) == exe
     with pytest.raises(PeerUnavailable, match="not built"):
-        peers_server.ensure_llama_server(tmp_path, build=False, extra_args="-DGGML_NATIVE=OFF")
+        llama_server_build.ensure_llama_server(tmp_path, build=False, extra_args="-DGGML_NATIVE=OFF")
 
 
 def test_compare_serve_phase_records_cells(tmp_path, monkeypatch):
-    from anycore.bench import compare as cmp
-    from anycore.config import EngineConfig
+    from anycore.bench.compare import serve_phase
+    from tests.unit.bench_helpers import compare_context
 
     started: list[peers_server.Server] = []
 
@@ -327,37 +329,46 @@ def test_compare_serve_phase_records_cells(tmp_path, monkeypatch):
         return s
 
     monkeypatch.setattr(peers_server, "anycore_server", fake_anycore_server)
-    p = __import__("argparse").ArgumentParser()
-    cmp.add_compare_args(p)
-    args = p.parse_args(["--out", str(tmp_path / "r.json"), "--cache-dir", str(tmp_path / "cache"), "--settle", "0",
-                         "--workloads", "serve,prefix", "--peers", "none", "--repeats", "2", "--concurrency", "1,2",
-                         "--prompts-per-slot", "2", "--serve-input-len", "8", "--serve-output-len", "3",
-                         "--prefix-len", "32"])
-    c = cmp.Compare(args, EngineConfig(threads=2))
-    c.serve(tmp_path / "m.gguf")
-    assert not c.skipped, c.skipped
+    c = compare_context(tmp_path, "--workloads", "serve,prefix", "--peers", "none", "--repeats", "2",
+                        "--concurrency", "1,2", "--prompts-per-slot", "2", "--serve-input-len", "8",
+                        "--serve-output-len", "3", "--prefix-len", "32")
+    written = []
+    monkeypatch.setattr(c.results, "checkpoint", lambda error=None: written.append(len(c.results.measurements)))
+    serve_phase.run_serving(c, tmp_path / "m.gguf")
+    assert written == [3, 6, 9]  # the JSON rewritten after each level and after prefix
+    measurements = c.results.measurements
+    assert not c.results.skipped, c.results.skipped
     assert [s.name for s in started] == ["anycore-server bf16"]
     assert all(s.proc.poll() is not None for s in started)  # stopped after the phase
-    cells = {m["workload"]: m for m in c.measurements}
+    cells = {m["workload"]: m for m in measurements}
     assert list(cells) == ["serve c=1 output", "serve c=1 TTFT p50", "serve c=1 ITL p50",
                            "serve c=2 output", "serve c=2 TTFT p50", "serve c=2 ITL p50",
                            "prefix cold TTFT", "prefix shared c=4 TTFT p50", "prefix cached alone TTFT"]
-    for m in c.measurements:
+    for m in measurements:
         assert m["engine"] == "anycore-server bf16" and len(m["values"]) == 2 and len(m["loads"]) == 2
         assert all(v > 0 for v in m["values"])
         assert m["higher_is_better"] == m["workload"].endswith("output")
     assert cells["serve c=2 output"]["requests"] == 4
     assert cells["serve c=1 TTFT p50"]["median"] >= 2.0 * SLACK  # ms, the injected 2 ms
-    report.add_ratios(c.measurements)
+    report.add_ratios(measurements)
     table = report.format_table({"meta": {"cpu_model": "t", "threads": 2}, "hardware": {}, "engines": {},
-                                 "skipped": {}, "measurements": c.measurements})
+                                 "skipped": {}, "measurements": measurements})
     assert "prefix shared c=4 TTFT p50" in table and "serve c=2 ITL p50" in table
 
 
-def test_request_rate_does_not_wait_after_the_last_arrival():
-    """One request at 0.01 req/s: there is no next arrival to wait for (the seed's first gap is ~111 s)."""
+@pytest.mark.parametrize("requests", [1, 3])
+def test_request_rate_waits_only_between_arrivals(monkeypatch, requests):
+    """A Poisson gap precedes every arrival but the first, none follows the last (one request at
+    0.01 req/s would otherwise idle ~111 s into the duration)."""
+    gaps: list[float] = []
+
+    def recording(self, rate):
+        gaps.append(rate)
+        return 0.0  # no real waiting
+
+    monkeypatch.setattr(serving.random.Random, "expovariate", recording)
     with FakeOpenAIServer(Behaviour(first_token_delay=0.001, token_delay=0.001)) as srv:
-        args = _args(srv.url, 1, 1, 8, 2)
+        args = _args(srv.url, 1, requests, 8, 2)
         args.request_rate = 0.01
         s = asyncio.run(serving.benchmark(args))
-    assert s["completed"] == 1 and s["duration_s"] < 30
+    assert s["completed"] == requests and gaps == [0.01] * (requests - 1)

@@ -1,34 +1,25 @@
-"""Servers for `anycore bench compare`: anycore's own and llama.cpp's ``llama-server``.
-
-``llama-server`` is built on demand from llama-cpp-python's source distribution (it vendors
-llama.cpp) into a cache folder, once per version; nothing built here is ever committed.
+"""llama.cpp's ``llama-server`` for `anycore bench compare`, built on demand from llama-cpp-python's
+source distribution (it vendors llama.cpp) into a cache folder, once per version and set of extra
+CMake arguments; nothing built here is ever committed.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tarfile
 import time
 from pathlib import Path
 
-import psutil
-
-from anycore.bench.peers_offline import PeerUnavailable
+from anycore.bench.peers.base import PeerUnavailable
 
 LLAMA_SERVER_CMAKE_FLAGS = (
     "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_CURL=OFF", "-DGGML_NATIVE=ON",
     "-DLLAMA_USE_PREBUILT_UI=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
 )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _llama_cpp_python_version() -> str | None:
@@ -42,8 +33,6 @@ def _llama_cpp_python_version() -> str | None:
 
 def _build_name(extra_args: str) -> str:
     """Build folder per set of extra CMake arguments, so a changed flag never reuses a stale build."""
-    import hashlib
-
     return "build" if not extra_args else "build-" + hashlib.sha1(extra_args.encode()).hexdigest()[:8]
 
 
@@ -121,75 +110,3 @@ def llama_server_version(exe: Path) -> str:
         return next((ln for ln in lines if "version" in ln), lines[0] if lines else "?")
     except (OSError, subprocess.TimeoutExpired):
         return "?"
-
-
-class Server:
-    """One server process under test; ``url`` once ``start`` returns."""
-
-    def __init__(self, name: str, cmd: list[str], port: int, log_path: Path, env: dict[str, str] | None = None) -> None:
-        self.name, self.cmd, self.port, self.log_path = name, cmd, port, log_path
-        self.env = env
-        self.url = f"http://127.0.0.1:{port}"
-        self.proc: subprocess.Popen | None = None
-        self.ps: psutil.Process | None = None
-
-    def start(self, timeout: float = 600.0) -> None:
-        import httpx
-
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log = open(self.log_path, "w")  # noqa: SIM115 - lives as long as the process
-        self.proc = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT, env=self.env)
-        self.ps = psutil.Process(self.proc.pid)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                self.stop()  # closes the log; the caller never stops a server that failed to start
-                raise PeerUnavailable(f"{self.name} exited with {self.proc.returncode}; see {self.log_path}")
-            try:
-                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200 and \
-                        httpx.get(f"{self.url}/v1/models", timeout=5).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        self.stop()
-        raise PeerUnavailable(f"{self.name} not ready after {timeout:.0f}s; see {self.log_path}")
-
-    def cpu_seconds(self) -> float:
-        """CPU time of the server and its children (to check an idle server stays idle)."""
-        if self.ps is None:
-            return 0.0
-        total = 0.0
-        try:
-            for p in [self.ps, *self.ps.children(recursive=True)]:
-                t = p.cpu_times()
-                total += t.user + t.system
-        except psutil.Error:
-            pass
-        return total
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        if getattr(self, "_log", None):
-            self._log.close()
-
-
-def anycore_server(name: str, model: str, threads: int, quantization: str | None, log_dir: Path) -> Server:
-    port = free_port()
-    cmd = [sys.executable, "-m", "anycore", "serve", "--model", model, "--port", str(port), "--threads", str(threads)]
-    if quantization:
-        cmd += ["--quantization", quantization]
-    return Server(name, cmd, port, log_dir / f"{name.replace(' ', '_')}.log")
-
-
-def llama_server(name: str, exe: Path, gguf: Path, threads: int, log_dir: Path) -> Server:
-    port = free_port()
-    cmd = [str(exe), "-m", str(gguf), "-t", str(threads), "-tb", str(threads), "-np", "16", "-c", "16384",
-           "--host", "127.0.0.1", "--port", str(port)]
-    return Server(name, cmd, port, log_dir / f"{name.replace(' ', '_')}.log")
