@@ -16,12 +16,13 @@ Where the library comes from, first match wins:
    development installs; also what ``setup.py`` reuses when it finds the same hash there).
 
 The hash covers the sources (by their path under ``csrc/``, so every checkout and an installed
-wheel agree), the per-file flags, the target architecture and the torch version. Only the host architecture's translation units are compiled (plus common/ and
-generic/), each ISA variant with its own flags as declared in ``anycore.platform.selection``;
-no ``-march=native``. ``torch.utils.cpp_extension.load`` cannot give one file its own flags,
-so this module runs the compiler itself (``$CXX`` or g++, ``$ANYCORE_BUILD_JOBS`` parallel
-jobs, default 2). Any failure is reported in ``info.error`` and a warning, never raised: the
-engine then runs on torch-native ops.
+wheel agree), the per-file flags, the target architecture and the torch version. Only the host
+architecture's translation units are compiled (plus common/ and generic/), each ISA variant
+with its own flags as declared in ``anycore.platform.selection``; no ``-march=native``.
+``torch.utils.cpp_extension.load`` cannot give one file its own flags, so this module runs the
+compiler itself (``$CXX`` or g++, ``$ANYCORE_BUILD_JOBS`` parallel jobs, default 2). Any
+failure is reported in ``info.error`` and a warning, never raised: the engine then runs on
+torch-native ops.
 
 Cross-compiling for aarch64 (the Arm64 emulation lane)::
 
@@ -59,7 +60,6 @@ from anycore.platform.features import normalize_arch
 from anycore.platform.selection import Variant, buildable_variants
 
 log = logging.getLogger("anycore.kernels")
-
 
 
 def _find_csrc() -> Path:
