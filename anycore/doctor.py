@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+from anycore.kernels.build import ExtensionInfo
 from anycore.platform import selection
 from anycore.platform.features import CpuFeatures, detect, is_sve_length_flag, sve_length_flag
 
@@ -50,19 +51,15 @@ def run_doctor(features: CpuFeatures | None = None, overrides: str | None = None
     warnings: list[str] = list(f.notes)
 
     ext = load_extension()
-    lines.append("")
+    lines += ["", f"extension {extension_origin(ext)}"]
     if ext.available:
-        how = "cached" if ext.cached else f"built in {ext.build_seconds}s"
-        lines += [
-            f"extension {ext.path} ({how})",
-            f"          compiler: {ext.compiler or 'unknown'}; arch {ext.arch}; variants: {', '.join(ext.variants)}",
-        ]
+        lines.append(f"          compiler: {ext.compiler or 'unknown'}; arch {ext.arch}; variants: {', '.join(ext.variants)}")
         for v in selection.buildable_variants(ext.arch):
             if v.name in ext.variants:
                 lines.append(f"          {v.name:<12} {v.source:<22} {' '.join(v.cflags) or '(baseline ISA)'}")
     else:
-        lines.append(f"extension unavailable: {ext.error}")
         warnings.append("C++ kernel extension unavailable: every op runs torch-native (slower)")
+    warnings += list(ext.notes)
 
     sel = plan(f, overrides, ext)
     lines += ["", "kernels   (override with ANYCORE_KERNELS=op=impl,... or =torch-native)"]
@@ -71,10 +68,9 @@ def run_doctor(features: CpuFeatures | None = None, overrides: str | None = None
         lines.append(f"  {c.op:<{width}}  {c.impl:<12}  {c.reason}")
     native = {c.op for c in sel.choices if ext.available and c.impl in ext.variants}
     unfused = [op for op in FUSED_OPS if op not in native]
-    lines.append(f"  {'decoder_layer':<{width}}  {'fused' if not unfused else 'unfused':<12}  "
-                 + ("all layers in one native call (csrc/common/decoder_layer.cpp decoder_stack; "
-                    "batch-1 decode in one thread team, decode_team.cpp; "
-                    "per layer while a projection has hooks)" if not unfused
+    lines.append(f"  {'decoder_stack':<{width}}  {'native' if not unfused else 'op by op':<12}  "
+                 + ("all layers in one native call (csrc/common/decoder_layer.cpp; batch-1 decode in one "
+                    "thread team, decode_team.cpp; op by op while a projection has hooks)" if not unfused
                     else f"op by op from Python: {', '.join(unfused)} not native"))
     warnings += sel.warnings
 
@@ -97,6 +93,18 @@ def run_doctor(features: CpuFeatures | None = None, overrides: str | None = None
     lines += ["", "warnings" if warnings else "warnings  none"]
     lines += [f"  - {w}" for w in warnings]
     return "\n".join(lines) + "\n"
+
+
+def extension_origin(ext: ExtensionInfo) -> str:
+    """Where the kernel library came from: the wheel, a compile on this machine, or nowhere."""
+    if not ext.available:
+        return f"unavailable ({ext.error or 'unknown reason'})"
+    if ext.origin == "prebuilt":
+        return f"prebuilt in the wheel ({ext.path})"
+    how = "cached" if ext.cached else f"compiled now, in {ext.build_seconds}s"
+    if ext.origin == "ext-dir":
+        return f"ANYCORE_EXT_DIR ({ext.path}; {how})"
+    return f"JIT cache ({ext.path}; {how})"
 
 
 def _size(n: int) -> str:

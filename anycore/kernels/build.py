@@ -5,14 +5,24 @@ Native (what ``anycore.kernels.dispatch`` does at start-up)::
     info = load_extension()        # compiles once, then loads from the cache
     info.available, info.variants, info.error
 
-The library is cached in ``$ANYCORE_EXT_DIR`` if set, else ``~/.cache/anycore/ext/<hash>``,
-the hash covering the sources, the per-file flags, the target architecture and the torch
-version. Only the host architecture's translation units are compiled (plus common/ and
-generic/), each ISA variant with its own flags as declared in ``anycore.platform.selection``;
-no ``-march=native``. ``torch.utils.cpp_extension.load`` cannot give one file its own flags,
-so this module runs the compiler itself (``$CXX`` or g++, ``$ANYCORE_BUILD_JOBS`` parallel
-jobs, default 2). Any failure is reported in ``info.error`` and a warning, never raised: the
-engine then runs on torch-native ops.
+Where the library comes from, first match wins:
+
+1. ``$ANYCORE_EXT_DIR`` if set (a directory the user chose, e.g. the Arm64 lane's cross build);
+2. the prebuilt library of an installed wheel (``anycore/_native/``, compiled by ``setup.py``
+   with this same recipe; see ``anycore.kernels.prebuilt``), when its hash matches: the same
+   sources, flags, architecture and torch version. A wheel built against another torch is
+   skipped with a warning and the JIT path below compiles its shipped sources instead;
+3. the JIT cache ``~/.cache/anycore/ext/<hash>``, compiled on first use (editable and
+   development installs; also what ``setup.py`` reuses when it finds the same hash there).
+
+The hash covers the sources (by their path under ``csrc/``, so every checkout and an installed
+wheel agree), the per-file flags, the target architecture and the torch version. Only the host
+architecture's translation units are compiled (plus common/ and generic/), each ISA variant
+with its own flags as declared in ``anycore.platform.selection``; no ``-march=native``.
+``torch.utils.cpp_extension.load`` cannot give one file its own flags, so this module runs the
+compiler itself (``$CXX`` or g++, ``$ANYCORE_BUILD_JOBS`` parallel jobs, default 2). Any
+failure is reported in ``info.error`` and a warning, never raised: the engine then runs on
+torch-native ops.
 
 Cross-compiling for aarch64 (the Arm64 emulation lane)::
 
@@ -51,7 +61,15 @@ from anycore.platform.selection import Variant, buildable_variants
 
 log = logging.getLogger("anycore.kernels")
 
-CSRC = Path(__file__).resolve().parents[2] / "csrc"
+
+def _find_csrc() -> Path:
+    """The sources shipped inside an installed wheel, else the checkout's (editable or dev)."""
+    package = Path(__file__).resolve().parents[1]
+    shipped = package / "_csrc"
+    return shipped if (shipped / "common").is_dir() else package.parent / "csrc"
+
+
+CSRC = _find_csrc()
 LIB_NAME = "libanycore_kernels.so"
 INFO_NAME = "build_info.json"
 _BUILD_FORMAT = 1  # bump when the build recipe changes in a way the hash would not see
@@ -59,7 +77,9 @@ _COMMON_FLAGS = ("-std=c++17", "-O3", "-fPIC", "-fopenmp", "-DNDEBUG", "-fno-mat
                  "-Wno-unknown-pragmas", "-fvisibility=hidden")
 
 
-TORCH_UNITS = ("common/ops.cpp", "common/decoder_layer.cpp", "common/decode_team.cpp", "common/decode_greedy.cpp")
+# The torch-facing units (op registration, the fused decoder), compiled for the baseline ISA: every
+# .cpp of common/, so a new one is picked up without an edit here. ISA variants come from selection.
+TORCH_UNITS = tuple(sorted(p.relative_to(CSRC).as_posix() for p in (CSRC / "common").glob("*.cpp")))
 
 
 @dataclass(frozen=True)
@@ -84,6 +104,8 @@ class ExtensionInfo:
     compiler: str = ""
     arch: str = ""
     flags: dict[str, list[str]] = field(default_factory=dict)
+    origin: str = ""  # 'prebuilt' (the wheel's), 'jit' (compiled on this machine), 'ext-dir' ($ANYCORE_EXT_DIR)
+    notes: tuple[str, ...] = ()  # why a prebuilt library was passed over, for `anycore doctor`
 
 
 def native_target() -> BuildTarget:
@@ -132,9 +154,9 @@ def _source_hash(target: BuildTarget, variants: tuple[Variant, ...]) -> str:
                          _COMMON_FLAGS, [(v.name, v.source, v.cflags) for v in variants]]).encode())
     subdirs = ["common", "generic", {"x86_64": "x86", "aarch64": "aarch64"}.get(target.arch, "generic")]
     for sub in subdirs:
-        for f in sorted(glob.glob(str(CSRC / sub / "*"))):
-            h.update(f.encode())
-            h.update(Path(f).read_bytes())
+        for f in sorted((CSRC / sub).glob("*")):
+            h.update(f.relative_to(CSRC).as_posix().encode())
+            h.update(f.read_bytes())
     return h.hexdigest()[:16]
 
 
@@ -196,7 +218,8 @@ def build(target: BuildTarget, out_dir: Path, only: tuple[str, ...] | None = Non
         build_seconds=round(time.monotonic() - t0, 1), compiler=_compiler_version(target.cxx),
         arch=target.arch, flags={src: flags for src, flags in units},
     )
-    meta = dataclasses.asdict(info) | {"hash": digest, "torch_version": target.torch_version}
+    meta = dataclasses.asdict(info) | {"hash": digest, "torch_version": target.torch_version,
+                                       "cxx11_abi": target.cxx11_abi}
     (out_dir / INFO_NAME).write_text(json.dumps(meta, indent=1))
     return info
 
@@ -207,8 +230,11 @@ def _check_compiler(target: BuildTarget) -> None:
         proc = subprocess.run([target.cxx, "-dumpmachine"], capture_output=True, text=True)
     except OSError as e:
         raise RuntimeError(f"no C++ compiler {target.cxx!r}: {e}") from e
+    if proc.returncode != 0:
+        raise RuntimeError(f"C++ compiler {target.cxx!r} does not work ({target.cxx} -dumpmachine exited "
+                           f"{proc.returncode})")
     machine = normalize_arch(proc.stdout.strip().split("-")[0])
-    if proc.returncode != 0 or machine != target.arch:
+    if machine != target.arch:
         raise RuntimeError(f"{target.cxx} targets {proc.stdout.strip() or '?'}, not {target.arch}")
 
 
@@ -233,41 +259,73 @@ def load_extension() -> ExtensionInfo:
     try:
         return _load()
     except Exception as e:  # noqa: BLE001 - any failure degrades to torch-native, by design
-        msg = f"{type(e).__name__}: {e}".strip()
-        warnings.warn(f"anycore kernel extension unavailable, using torch-native ops ({msg[:2000]})",
-                      RuntimeWarning, stacklevel=2)
-        log.warning("kernel extension unavailable: %s", msg)
-        return ExtensionInfo(available=False, error=msg.splitlines()[0][:300] if msg else "error")
+        return _unavailable(e)
+
+
+def _unavailable(e: Exception, notes: tuple[str, ...] = ()) -> ExtensionInfo:
+    msg = f"{type(e).__name__}: {e}".strip()
+    warnings.warn(f"anycore kernel extension unavailable, using torch-native ops ({msg[:2000]})",
+                  RuntimeWarning, stacklevel=3)
+    log.warning("kernel extension unavailable: %s", msg)
+    return ExtensionInfo(available=False, error=msg.splitlines()[0][:300] if msg else "error", notes=notes)
+
+
+def ensure_built(target: BuildTarget, out_dir: Path, digest: str) -> tuple[dict, bool]:
+    """The build metadata in ``out_dir``, compiling first unless a build with ``digest`` is there.
+
+    Returns ``(meta, cached)``. One builder per directory (a file lock); the others wait, then
+    reuse its result. Shared by the JIT path and ``setup.py``, so both compile the same way."""
+    meta = _read_info(out_dir)
+    if meta is not None and meta.get("hash") == digest:
+        return meta, True
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with open(out_dir / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        meta = _read_info(out_dir)
+        if meta is None or meta.get("hash") != digest:
+            log.info("building anycore kernel extension in %s", out_dir)
+            build(target, out_dir)
+            meta = _read_info(out_dir)
+    assert meta is not None
+    return meta, False
 
 
 def _load() -> ExtensionInfo:
     import torch
 
+    from anycore.kernels import prebuilt
+
     if os.environ.get("ANYCORE_NO_EXT"):
         return ExtensionInfo(available=False, error="disabled by ANYCORE_NO_EXT")
     target = native_target()
-    variants = _variants(target, None)
-    digest = _source_hash(target, variants)
+    digest = _source_hash(target, _variants(target, None))
+    notes: tuple[str, ...] = ()
+    if not os.environ.get("ANYCORE_EXT_DIR"):
+        found = prebuilt.find(digest, target)
+        if found.meta is not None:
+            return _open(torch, found.directory, found.meta, origin="prebuilt", cached=True)
+        if found.problem:  # a wheel whose kernels do not fit this torch: say so, then compile
+            warnings.warn(f"anycore: {found.problem}", RuntimeWarning, stacklevel=3)
+            log.warning("%s", found.problem)
+            notes = (found.problem,)
     out_dir = _default_dir(digest)
-    meta = _read_info(out_dir)
-    cached = meta is not None and meta.get("hash") == digest
-    if not cached:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        with open(out_dir / ".lock", "w") as lock:  # one builder per directory; others wait, then reuse
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            meta = _read_info(out_dir)
-            if meta is None or meta.get("hash") != digest:
-                log.info("building anycore kernel extension in %s", out_dir)
-                build(target, out_dir)
-                meta = _read_info(out_dir)
-        assert meta is not None
-    lib = str(out_dir / LIB_NAME)
+    try:
+        meta, cached = ensure_built(target, out_dir, digest)
+    except Exception as e:  # noqa: BLE001 - as in load_extension, keeping why the prebuilt was passed over
+        if not notes:
+            raise
+        return _unavailable(e, notes)
+    origin = "ext-dir" if os.environ.get("ANYCORE_EXT_DIR") else "jit"
+    return dataclasses.replace(_open(torch, out_dir, meta, origin=origin, cached=cached), notes=notes)
+
+
+def _open(torch, directory: Path, meta: dict, origin: str, cached: bool) -> ExtensionInfo:
+    lib = str(directory / LIB_NAME)
     torch.ops.load_library(lib)
-    names = tuple(torch.ops.anycore.variants())
     return ExtensionInfo(
-        available=True, path=lib, variants=names, build_dir=str(out_dir), cached=cached,
-        build_seconds=meta.get("build_seconds", 0.0), compiler=meta.get("compiler", ""),
-        arch=meta.get("arch", target.arch), flags=meta.get("flags", {}),
+        available=True, path=lib, variants=tuple(torch.ops.anycore.variants()), build_dir=str(directory),
+        cached=cached, build_seconds=meta.get("build_seconds", 0.0), compiler=meta.get("compiler", ""),
+        arch=meta.get("arch", ""), flags=meta.get("flags", {}), origin=origin,
     )
 
 

@@ -11,8 +11,7 @@ import torch
 from anycore.cli import main
 from anycore.eval_perplexity import LlamaCppScorer, perplexity, tokenize_file
 
-WIKITEXT = Path(__file__).resolve().parents[3] / "shared" / "data" / "wikitext-2-raw-test.txt"
-needs_wikitext = pytest.mark.skipif(not WIKITEXT.exists(), reason="WikiText-2 test file not present")
+PROSE = Path(__file__).resolve().parents[1] / "data" / "prose.txt"  # shipped: tests/data/SOURCE.md
 
 
 @pytest.mark.slow
@@ -43,12 +42,11 @@ def test_next_token_logprobs_agree_with_score(llm_fp32):
 
 
 @pytest.mark.slow
-@needs_wikitext
 def test_llama_cpp_scores_the_same_windows(default_model_path, llm_fp32):
     """llama.cpp reading the same GGUF scores anycore's token ids about as anycore's fp32 does
     (it multiplies with 8-bit activations on Q4_1 weights, so not bit for bit)."""
     pytest.importorskip("llama_cpp")
-    ids = tokenize_file(llm_fp32.engine, str(WIKITEXT), 512)
+    ids = tokenize_file(llm_fp32.engine, str(PROSE), 512)
     ours = perplexity(llm_fp32.engine, ids, ctx=256)
     scorer = LlamaCppScorer(str(default_model_path), ctx=256, threads=2)
     theirs = perplexity(scorer, ids, ctx=256)

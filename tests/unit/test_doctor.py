@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
-from anycore.doctor import run_doctor
+from anycore.doctor import extension_origin, run_doctor
+from anycore.kernels.build import ExtensionInfo
 from anycore.platform.features import CpuFeatures
 from anycore.platform.selection import OPS
 
@@ -14,7 +17,21 @@ def test_doctor_on_this_machine():
     report = run_doctor()
     for op in OPS:
         assert op in report
-    assert "CPU" in report and "extension" in report and "threads" in report
+    assert "CPU" in report and "threads" in report
+    origin = next(ln for ln in report.splitlines() if ln.startswith("extension "))
+    assert origin.split(" ", 1)[1].lstrip().startswith(
+        ("prebuilt in the wheel (", "JIT cache (", "ANYCORE_EXT_DIR (", "unavailable (")), origin
+
+
+def test_doctor_says_where_the_extension_came_from():
+    wheel = ExtensionInfo(available=True, path="/site/anycore/_native/lib.so", origin="prebuilt", cached=True)
+    assert extension_origin(wheel) == "prebuilt in the wheel (/site/anycore/_native/lib.so)"
+    jit = ExtensionInfo(available=True, path="/home/u/.cache/anycore/ext/ab/lib.so", origin="jit", cached=True)
+    assert extension_origin(jit) == "JIT cache (/home/u/.cache/anycore/ext/ab/lib.so; cached)"
+    fresh = dataclasses.replace(jit, cached=False, build_seconds=31.5)
+    assert extension_origin(fresh) == "JIT cache (/home/u/.cache/anycore/ext/ab/lib.so; compiled now, in 31.5s)"
+    missing = ExtensionInfo(available=False, error="no C++ compiler 'g++'")
+    assert extension_origin(missing) == "unavailable (no C++ compiler 'g++')"
 
 
 def test_doctor_with_injected_cpu_and_override():
