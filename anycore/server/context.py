@@ -72,7 +72,7 @@ class ServerContext:
     def encode_chat(self, messages: list[ChatMessage], add_generation_prompt: bool = True) -> list[int]:
         if getattr(self.tokenizer, "chat_template", None) is None:
             raise APIError(400, "this model has no chat template; use /v1/completions", param="messages")
-        convo = [{"role": m.role, "content": _message_text(m)} for m in messages]
+        convo = [{"role": m.role, "content": _require_unicode(_message_text(m), "messages")} for m in messages]
         try:
             ids = self.tokenizer.apply_chat_template(convo, add_generation_prompt=add_generation_prompt, tokenize=True)
         except Exception as e:  # noqa: BLE001 - template errors (e.g. role order) are the caller's input
@@ -82,6 +82,7 @@ class ServerContext:
         return list(ids)
 
     def encode_text(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        _require_unicode(text, "prompt")
         return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
     def check_prompt(self, ids: list[int], max_tokens: int | None, param: str) -> None:
@@ -112,6 +113,16 @@ class ServerContext:
             raise APIError(503, str(e), code="model_not_ready") from e
         except ValueError as e:
             raise APIError(400, str(e)) from e
+
+
+def _require_unicode(text: str, param: str) -> str:
+    """JSON may carry lone surrogates (e.g. "\\ud800"), which are not Unicode text; tokenizers raise on them."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise APIError(400, f"the text is not valid Unicode: {e.reason} at position {e.start}", param=param,
+                       code="invalid_value") from e
+    return text
 
 
 def _message_text(m: ChatMessage) -> str:
