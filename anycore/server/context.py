@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import dataclasses
 import hmac
 import time
 from collections.abc import Awaitable
@@ -105,6 +106,7 @@ class ServerContext:
 
     # ---- submitting ------------------------------------------------------------------------
     def submit(self, requests: list[tuple[str, list[int], Any]]) -> RequestGroup:
+        requests = [(rid, ids, self._vocab_bounded(params)) for rid, ids, params in requests]
         try:
             return self.engine.add_group(requests)
         except EngineOverloaded as e:
@@ -113,6 +115,20 @@ class ServerContext:
             raise APIError(503, str(e), code="model_not_ready") from e
         except ValueError as e:
             raise APIError(400, str(e)) from e
+
+    def _vocab_bounded(self, params: Any) -> Any:
+        """Token-id sampling fields checked against the vocabulary before they reach the engine.
+
+        Out-of-range ids used to fail the engine step (torch int64 overflow) and with it every
+        request in flight; top_k at or past the vocabulary size keeps every token, i.e. it is off.
+        """
+        bad = [t for t in params.stop_token_ids if not isinstance(t, int) or not 0 <= t < self.vocab_size]
+        if bad:
+            raise APIError(400, f"stop_token_ids must be integers in [0, {self.vocab_size}); got {bad[0]}",
+                           param="stop_token_ids", code="invalid_value")
+        if params.top_k >= self.vocab_size:
+            params = dataclasses.replace(params, top_k=0)
+        return params
 
 
 def _require_unicode(text: str, param: str) -> str:
