@@ -47,6 +47,7 @@ class EngineStats:
     prefix_queried_tokens: int = 0
     prefix_hit_tokens: int = 0
     num_steps: int = 0
+    num_preemptions: int = 0  # running requests whose KV was released to make room (they are re-queued)
 
     @property
     def kv_slots_held(self) -> int:
@@ -330,6 +331,7 @@ class AsyncEngine:
             prefix_queried_tokens=radix.queried_tokens if radix is not None else 0,
             prefix_hit_tokens=radix.hit_tokens if radix is not None else 0,
             num_steps=self.stats.num_steps + 1,
+            num_preemptions=getattr(e.scheduler, "num_preemptions", 0),
         )
 
 

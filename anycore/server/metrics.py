@@ -123,6 +123,8 @@ class ServerMetrics:
                stats.prefix_hit_tokens)
         rate = stats.prefix_hit_tokens / stats.prefix_queried_tokens if stats.prefix_queried_tokens else 0.0
         metric("anycore_prefix_cache_hit_rate", "gauge", "Hit tokens / queried tokens since start", f"{rate:.6f}")
+        metric("anycore_num_preemptions_total", "counter", "Running requests preempted (KV released, re-queued)",
+               stats.num_preemptions)
         metric("anycore_engine_steps_total", "counter", "Engine stats snapshots (steps and idle wake-ups)",
                stats.num_steps)
         return "\n".join(out) + "\n"
