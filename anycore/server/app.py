@@ -24,12 +24,14 @@ from anycore.server import native_api, openai_api
 from anycore.server.async_engine import AsyncEngine
 from anycore.server.context import ServerContext
 from anycore.server.errors import error_body, install_error_handlers
+from anycore.server.limits import install_limits
 from anycore.server.openai_api import Ctx
 
 log = logging.getLogger("anycore.server")
 
 
-def build_app(ctx: ServerContext, on_failed=None, url: str = "") -> FastAPI:
+def build_app(ctx: ServerContext, on_failed=None, url: str = "", max_body_bytes: int | None = None,
+              request_timeout_s: float | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         loop = asyncio.get_running_loop()
@@ -59,6 +61,7 @@ def build_app(ctx: ServerContext, on_failed=None, url: str = "") -> FastAPI:
     install_error_handlers(app, on_error=ctx.engine.metrics.on_rejected)
     app.include_router(openai_api.router)
     app.include_router(native_api.router)
+    install_limits(app, max_body_bytes, request_timeout_s)
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -109,7 +112,9 @@ def run_server(args: argparse.Namespace, engine_config: EngineConfig) -> int:
             log.info("shutdown requested: in-flight requests get %.0fs to finish", grace)
             loop.call_soon_threadsafe(loop.call_later, grace, engine.abort_all, "the server is shutting down")
 
-    app = build_app(ctx, on_failed=on_failed, url=url)
+    body_mb = getattr(args, "max_request_body_mb", 4.0)
+    app = build_app(ctx, on_failed=on_failed, url=url, max_body_bytes=int(body_mb * 1024 * 1024) if body_mb else None,
+                    request_timeout_s=getattr(args, "request_timeout", 600.0))
 
     config = uvicorn.Config(app, host=host, port=port, log_level=getattr(args, "uvicorn_log_level", "warning"),
                             timeout_graceful_shutdown=grace + 10.0,  # backstop; abort_all normally ends streams

@@ -16,5 +16,10 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
                    help="admitted sub-requests without a first token beyond which new requests get 429")
     g.add_argument("--shutdown-timeout", type=float, default=10.0,
                    help="seconds in-flight requests may run on after SIGINT/SIGTERM before being cancelled")
+    g.add_argument("--max-request-body-mb", type=float, default=4.0,
+                   help="larger request bodies get 413 (0: no limit)")
+    g.add_argument("--request-timeout", type=float, default=600.0,
+                   help="seconds a request may take end to end before it is aborted (408, or an error event "
+                        "in a started stream; 0: no limit)")
     g.add_argument("--uvicorn-log-level", default="warning",
                    choices=["critical", "error", "warning", "info", "debug", "trace"])
