@@ -106,6 +106,12 @@ class ServerContext:
 
     # ---- submitting ------------------------------------------------------------------------
     def submit(self, requests: list[tuple[str, list[int], Any]]) -> RequestGroup:
+        for _, ids, params in requests:
+            if len(ids) + params.min_tokens > self.max_model_len:
+                # EOS is banned until min_tokens; past the context this could only end by running out of it
+                raise APIError(400, f"min_tokens={params.min_tokens} does not fit this model's context of "
+                                    f"{self.max_model_len} tokens after a {len(ids)}-token prompt",
+                               param="min_tokens", code="invalid_value")
         requests = [(rid, ids, self._vocab_bounded(params)) for rid, ids, params in requests]
         try:
             return self.engine.add_group(requests)
