@@ -24,7 +24,7 @@ import json
 import logging
 from typing import Any
 
-from starlette.exceptions import HTTPException as StarletteHTTPException
+from fastapi import HTTPException
 
 from anycore.server.errors import error_body
 
@@ -34,7 +34,9 @@ ASGIApp = Any
 Scope = dict[str, Any]
 
 
-class BodyTooLarge(StarletteHTTPException):
+class BodyTooLarge(HTTPException):
+    """An HTTPException so FastAPI's body reader re-raises it (any other error there becomes a 400)."""
+
     def __init__(self, limit: int) -> None:
         super().__init__(413, f"the request body exceeds the server's limit of {limit} bytes "
                               "(--max-request-body-mb)")
