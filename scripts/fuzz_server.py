@@ -133,6 +133,8 @@ def make_cases(count: int, seed: int, vocab_size: int = 49152) -> list[Case]:
         extra = "" if key in ("prompt", "messages", "tokens") else ', "prompt": "hi", "text": "hi"'
         if rng.random() < 0.3:
             inner = '{"a":' * depth + "1" + "}" * depth
+        if key == "sampling_params":  # its fields are all optional and unknown ones ignored: nest in a typed one
+            return Case("deep_nesting", path, f'{{"text": "hi", "sampling_params": {{"temperature": {inner}}}}}'.encode())
         return Case("deep_nesting", path, f'{{"{key}": {inner}{extra}}}'.encode())
 
     def invalid_utf8() -> Case:
@@ -222,6 +224,13 @@ class FuzzReport:
     failures: list[str] = field(default_factory=list)
     transport_errors: list[str] = field(default_factory=list)
 
+    def merge(self, other: FuzzReport) -> None:
+        self.statuses.update(other.statuses)
+        for kind, c in other.by_kind.items():
+            self.by_kind.setdefault(kind, Counter()).update(c)
+        self.failures += other.failures
+        self.transport_errors += other.transport_errors
+
     @property
     def total(self) -> int:
         return sum(self.statuses.values())
@@ -265,6 +274,9 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=1200)
     ap.add_argument("--workers", type=int, default=8)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--min-probes", type=int, default=20,
+                    help="keep fuzzing (200 more per round) until the well-behaved client got this many answers")
+    ap.add_argument("--max-seconds", type=float, default=900.0)
     args = ap.parse_args()
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     if args.url:
@@ -282,6 +294,11 @@ def _fuzz(srv: LiveServer, args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     with Prober(srv, reference) as prober:
         report = run_fuzz(srv, cases, args.workers)
+        # the well-behaved client must have been served often enough to mean something: more rounds until then
+        rounds = 0
+        while prober.done < args.min_probes and time.monotonic() - t0 < args.max_seconds:
+            rounds += 1
+            report.merge(run_fuzz(srv, make_cases(200, args.seed + rounds), args.workers))
     after = probe_once(srv)
     print(f"{report.total} hostile requests in {time.monotonic() - t0:.0f}s; statuses: {dict(sorted(report.statuses.items()))}")
     for kind, c in sorted(report.by_kind.items()):
