@@ -149,6 +149,8 @@ class ServerConfig:
     # admitted sub-requests without a first token beyond which new requests get 429; None = no limit
     max_queued_requests: int | None = 256
     shutdown_timeout: float = 10.0  # seconds in-flight requests may run on after SIGINT/SIGTERM
+    max_request_body_mb: float = 4.0  # larger request bodies get 413 (0: no limit)
+    request_timeout: float = 600.0  # seconds a request may take end to end (0: no limit); server/limits.py
     uvicorn_log_level: str = "warning"
 
     def __post_init__(self) -> None:
@@ -158,6 +160,8 @@ class ServerConfig:
             raise ValueError("max_queued_requests must be >= 1 (or None for no limit)")
         if self.shutdown_timeout < 0:
             raise ValueError("shutdown_timeout must be >= 0")
+        if self.max_request_body_mb < 0 or self.request_timeout < 0:
+            raise ValueError("max_request_body_mb and request_timeout must be >= 0 (0: no limit)")
 
 
 def default_of(cls: type, name: str) -> Any:

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from anycore.errors import ContextLengthExceeded, InvalidRequest
+from anycore.errors import ContextLengthExceeded, InvalidParameter, InvalidRequest
 from anycore.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -65,8 +65,8 @@ class InputProcessor:
             return self.encode_text(prompt)
         return list(prompt)
 
-    def encode_text(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
+    def encode_text(self, text: str, add_special_tokens: bool = True, param: str = "prompt") -> list[int]:
+        return list(self.tokenizer.encode(_unicode(text, param), add_special_tokens=add_special_tokens))
 
     def encode_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool = True,
                     param: str = "messages") -> list[int]:
@@ -75,6 +75,9 @@ class InputProcessor:
             raise InvalidRequest("messages is empty", param=param)
         if getattr(self.tokenizer, "chat_template", None) is None:
             raise InvalidRequest("this model has no chat template; send a plain-text prompt instead", param=param)
+        for m in messages:
+            if isinstance(m.get("content"), str):
+                _unicode(m["content"], param)
         try:
             ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
                                                      tokenize=True)
@@ -116,10 +119,37 @@ class InputProcessor:
         travels as a field to every output."""
         if not prompts:
             raise InvalidRequest("the prompt is empty", param=param)
-        params.validate()  # (a caller may have changed a field since construction)
+        params = self._vocab_bounded(params)
         for ids in prompts:
             self.check_prompt(ids, params.max_tokens, param, completion_must_fit)
+            if completion_must_fit and len(ids) + params.min_tokens > self.max_model_len:
+                # EOS is banned until min_tokens: past the context this could only end by running out of it
+                raise InvalidParameter(f"min_tokens={params.min_tokens} does not fit this model's context of "
+                                       f"{self.max_model_len} tokens after a {len(ids)}-token prompt",
+                                       param="min_tokens")
         n, seed = params.n, params.seed
         return [EngineRequest(f"{request_id}-{i * n + j}", ids,
                               dataclasses.replace(params, n=1, seed=seed + j if seed is not None else None), i * n + j)
                 for i, ids in enumerate(prompts) for j in range(n)]
+
+    def _vocab_bounded(self, params: SamplingParams) -> SamplingParams:
+        """``params`` validated, with its token-id fields checked against the vocabulary (an
+        out-of-range stop token id used to fail the engine step, and with it every request in
+        flight); a top_k at or past the vocabulary size keeps every token, i.e. it is off."""
+        params.validate()  # (a caller may have changed a field since construction)
+        bad = [t for t in params.stop_token_ids if not isinstance(t, int) or not 0 <= t < self.vocab_size]
+        if bad:
+            raise InvalidParameter(f"stop_token_ids must be integers in [0, {self.vocab_size}); got {bad[0]}",
+                                   param="stop_token_ids")
+        if params.top_k >= self.vocab_size:
+            params = dataclasses.replace(params, top_k=0)
+        return params
+
+
+def _unicode(text: str, param: str) -> str:
+    """JSON may carry lone surrogates (e.g. "\\ud800"), which are not Unicode text: tokenizers raise on them."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise InvalidParameter(f"the text is not valid Unicode: {e.reason} at position {e.start}", param=param) from e
+    return text

@@ -24,12 +24,14 @@ from anycore.server import native_api, openai_api
 from anycore.server.async_engine import AsyncEngine
 from anycore.server.context import ServerContext
 from anycore.server.errors import install_error_handlers
+from anycore.server.limits import install_limits
 from anycore.server.openai_api import Ctx
 
 log = logging.getLogger("anycore.server")
 
 
-def build_app(ctx: ServerContext, on_failed=None, url: str = "") -> FastAPI:
+def build_app(ctx: ServerContext, on_failed=None, url: str = "", max_body_bytes: int | None = None,
+              request_timeout_s: float | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         loop = asyncio.get_running_loop()
@@ -59,6 +61,7 @@ def build_app(ctx: ServerContext, on_failed=None, url: str = "") -> FastAPI:
     install_error_handlers(app, on_error=ctx.engine.metrics.on_rejected)
     app.include_router(openai_api.router)
     app.include_router(native_api.router)
+    install_limits(app, max_body_bytes, request_timeout_s)
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -105,7 +108,9 @@ def run_server(config: ServerConfig, engine_config: EngineConfig) -> int:
             log.info("shutdown requested: in-flight requests get %.0fs to finish", grace)
             loop.call_soon_threadsafe(loop.call_later, grace, engine.abort_all, "the server is shutting down")
 
-    app = build_app(ctx, on_failed=on_failed, url=url)
+    body_mb = config.max_request_body_mb
+    app = build_app(ctx, on_failed=on_failed, url=url, max_body_bytes=int(body_mb * 1024 * 1024) if body_mb else None,
+                    request_timeout_s=config.request_timeout or None)
 
     uv_config = uvicorn.Config(app, host=host, port=port, log_level=config.uvicorn_log_level,
                                timeout_graceful_shutdown=grace + 10.0,  # backstop; abort_all normally ends streams

@@ -23,6 +23,11 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--shutdown-timeout", type=float, default=d("shutdown_timeout"),
                    help="seconds in-flight requests may run on after SIGINT/SIGTERM before being cancelled "
                         "(default: %(default)s)")
+    g.add_argument("--max-request-body-mb", type=float, default=d("max_request_body_mb"),
+                   help="larger request bodies get 413 (0: no limit; default: %(default)s)")
+    g.add_argument("--request-timeout", type=float, default=d("request_timeout"),
+                   help="seconds a request may take end to end before it is aborted (408, or an error event "
+                        "in a started stream; 0: no limit; default: %(default)s)")
     g.add_argument("--uvicorn-log-level", default=d("uvicorn_log_level"),
                    choices=["critical", "error", "warning", "info", "debug", "trace"])
 
@@ -31,4 +36,5 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
     return ServerConfig(host=args.host, port=args.port, api_key=args.api_key,
                         served_model_names=tuple(args.served_model_names or ()),
                         max_queued_requests=args.max_queued_requests, shutdown_timeout=args.shutdown_timeout,
+                        max_request_body_mb=args.max_request_body_mb, request_timeout=args.request_timeout,
                         uvicorn_log_level=args.uvicorn_log_level)
