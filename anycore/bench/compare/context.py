@@ -33,9 +33,9 @@ def versions() -> dict[str, str]:
 
 
 class ResultLog:
-    def __init__(self, out: Path, args: argparse.Namespace, noise_cores: float, noise_cv: float) -> None:
+    def __init__(self, out: Path, args: argparse.Namespace) -> None:
         self.out, self.args = out, args
-        self.noise_cores, self.noise_cv = noise_cores, noise_cv
+        self.noise_cores, self.noise_cv = args.noise_cores, args.noise_cv  # a cell's NOISY thresholds
         self.measurements: list[dict[str, Any]] = []
         self.skipped: dict[str, str] = {}
         self.engines: dict[str, dict[str, Any]] = {}

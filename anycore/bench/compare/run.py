@@ -21,7 +21,7 @@ def prepare(args: argparse.Namespace, config: EngineConfig) -> CompareContext:
     apply_quick(args)
     inputs = check_compare(args, config)
     config = replace(config, threads=config.threads or os.cpu_count() or 1)
-    return CompareContext(args, config, inputs, ResultLog(inputs.out, args, args.noise_cores, args.noise_cv))
+    return CompareContext(args, config, inputs, ResultLog(inputs.out, args))
 
 
 def measure_limits(ctx: CompareContext) -> dict[str, Any]:
