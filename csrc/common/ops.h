@@ -56,7 +56,7 @@ std::optional<std::tuple<at::Tensor, at::Tensor>> decode_team(
     const at::Tensor& slot_mapping, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& q_start_loc,
     const at::Tensor& seq_lens, const at::Tensor& slot_table, int64_t num_heads, int64_t num_kv_heads,
     int64_t head_dim, double eps, double scale);
-int64_t decode_team_steps();
+int64_t decode_team_steps();  // decode steps the team has run in this process (tests, diagnostics)
 
 // decode_greedy.cpp: `steps` greedy tokens of one request after `token` at position `start`
 // (embedding, decoder_stack, final norm, logits head, argmax per token; see there).
@@ -66,6 +66,6 @@ at::Tensor decode_greedy(int64_t token, int64_t start, int64_t steps, const c10:
                          const at::Tensor& v_pool, const at::Tensor& slot_row, const at::Tensor& cos_table,
                          const at::Tensor& sin_table, const at::Tensor& final_norm,
                          const c10::List<std::optional<at::Tensor>>& head, int64_t head_impl, int64_t num_heads,
-                         int64_t num_kv_heads, int64_t head_dim, double eps, double final_eps, double scale);  // decode steps the team has run in this process (tests, diagnostics)
+                         int64_t num_kv_heads, int64_t head_dim, double eps, double final_eps, double scale);
 
 }  // namespace anycore::ops
