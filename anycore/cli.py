@@ -6,6 +6,7 @@ import argparse
 import logging
 import sys
 from dataclasses import fields
+from pathlib import Path
 
 from anycore.config import EngineConfig, default_of
 from anycore.sampling_params import SamplingParams
@@ -227,11 +228,32 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def check_paths(args: argparse.Namespace) -> None:
+    """The paths a command names, checked before any model load, server start or measurement
+    (one clear line instead of an error after minutes of work); bench checks its own flags."""
+    model = getattr(args, "model", None)
+    if model is not None and not Path(model).exists():
+        raise FileNotFoundError(f"--model {model}: no such file or folder")
+    for flag in ("dataset", "llama_cpp"):
+        value = getattr(args, flag, None)
+        if value is not None and not Path(value).is_file():
+            raise FileNotFoundError(f"--{flag.replace('_', '-')} {value}: no such file")
+    if args.command == "bench":
+        return
+    json_out = getattr(args, "json", None)
+    if json_out is not None and (Path(json_out).is_dir() or not Path(json_out).resolve().parent.is_dir()):
+        raise FileNotFoundError(f"--json {json_out}: must be a file in an existing folder")
+    out = getattr(args, "out", None)
+    if out is not None and Path(out).exists() and not Path(out).is_dir():
+        raise FileNotFoundError(f"--out {out}: exists and is not a folder")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
+        check_paths(args)
         return args.func(args)
     except (ValueError, FileNotFoundError) as e:
         print(f"anycore: error: {e}", file=sys.stderr)
