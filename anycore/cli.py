@@ -231,6 +231,8 @@ def build_parser() -> argparse.ArgumentParser:
 def check_paths(args: argparse.Namespace) -> None:
     """The paths a command names, checked before any model load, server start or measurement
     (one clear line instead of an error after minutes of work); bench checks its own flags."""
+    if args.command == "bench":
+        return
     model = getattr(args, "model", None)
     if model is not None and not Path(model).exists():
         raise FileNotFoundError(f"--model {model}: no such file or folder")
@@ -238,8 +240,6 @@ def check_paths(args: argparse.Namespace) -> None:
         value = getattr(args, flag, None)
         if value is not None and not Path(value).is_file():
             raise FileNotFoundError(f"--{flag.replace('_', '-')} {value}: no such file")
-    if args.command == "bench":
-        return
     json_out = getattr(args, "json", None)
     if json_out is not None and (Path(json_out).is_dir() or not Path(json_out).resolve().parent.is_dir()):
         raise FileNotFoundError(f"--json {json_out}: must be a file in an existing folder")
