@@ -105,8 +105,9 @@ class EngineConfig:
     # cores; anycore/engine/thread_governor.py); False pins the count
     adaptive_threads: bool = True
     # greedy tokens a request decoding alone may run in one native call (no Python between them;
-    # the engine checks stop conditions afterwards, so outputs are the same); 1 disables. A request
-    # arriving meanwhile waits at most this many tokens' time (anycore/engine/engine.py)
+    # Scheduler.update applies the stop conditions token by token, so outputs are the same); 1
+    # disables. A request arriving meanwhile waits at most this many tokens' time
+    # (Scheduler.schedule(max_steps), engine/native_executor.py)
     decode_burst: int = 4
     kernels: str | None = None  # override string for the kernel table, e.g. "torch-native"
     quantization: str | None = None  # e.g. "w8a8_int8" (online); pre-quantized checkpoints say so themselves
