@@ -1,7 +1,7 @@
 """The built-in web page and the two JSON endpoints it reads besides the OpenAI routes.
 
 - ``GET /`` and ``GET /webui/<file>``: the chat page (static files shipped in the package,
-  anycore/server/webui/). They need no API key: the page itself asks for one when an API call
+  anycore/server/static/). They need no API key: the page itself asks for one when an API call
   answers 401, and sends it as a Bearer token.
 - ``GET /v1/engine``: what the engine is and is doing (model, dtype, quantization, the kernel
   chosen per op, KV pool use, prefix-cache hits, running and waiting requests, token counters).
@@ -45,7 +45,7 @@ class BenchResultsUnreadable(AnycoreError):
 def _asset(name: str) -> Response:
     if name not in _ASSETS:
         raise NotFound(f"no web page file {name!r}")
-    data = resources.files("anycore.server").joinpath("webui", name).read_bytes()
+    data = resources.files("anycore.server").joinpath("static", name).read_bytes()
     # no-cache: the page revalidates, so an upgraded server never runs a stale app.js
     return Response(data, media_type=_ASSETS[name], headers={"Cache-Control": "no-cache"})
 
@@ -92,6 +92,8 @@ def engine_info(ctx: ServerContext) -> dict[str, Any]:
         "bench_results": ctx.config.bench_results is not None,
     }
     if ready:
+        # only what the load fixed (config, sizes, the kernel table), never live engine state,
+        # which the engine thread alone touches; the live numbers above are its stats snapshot
         eng = ae.engine
         ops = eng.ops
         info.update({

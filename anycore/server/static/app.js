@@ -290,6 +290,7 @@ async function generate() {
       if (node) fillMeta(node, answer);
     }
     persist();
+    pollEngine();  // the readout shows the request gone at once, not at the next poll
   }
 }
 
