@@ -327,6 +327,7 @@ function regenerate() {
   const before = current.messages[current.messages.length - 1];
   if (!before || (before.role !== "user" && before.role !== "prompt")) return;
   $("mode").value = before.role === "prompt" ? "completion" : "chat";
+  storeSettings();
   persist();
   renderMessages();
   generate();
@@ -336,8 +337,10 @@ function stop() { if (inFlight) inFlight.controller.abort(); }
 
 // ---- live engine readout (/v1/engine) -----------------------------------------------------
 let lastInfo = null;
+let polling = false;  // one poll at a time: a slow answer never piles up requests
 async function pollEngine() {
-  if (document.hidden) return;
+  if (document.hidden || polling) return;
+  polling = true;
   try {
     const info = await (await api("/v1/engine", {}, true)).json();
     lastInfo = info;
@@ -345,6 +348,8 @@ async function pollEngine() {
     renderEngine(info);
   } catch (err) {
     $("engine-model").textContent = `engine: ${err.message}`;
+  } finally {
+    polling = false;
   }
 }
 
