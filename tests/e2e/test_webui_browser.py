@@ -189,7 +189,7 @@ def test_engine_endpoint_reports_the_loaded_engine(server):
 def test_chat_streams_incrementally_with_speed_readout(open_page, server):
     page = open_page()
     page.wait_for_function("document.getElementById('engine-model').textContent.includes('SmolLM2')")
-    set_controls(page, temperature=0, max_tokens=24, ignore_eos=True)
+    set_controls(page, temperature=0, max_tokens=16, ignore_eos=True)
     # Shift+Enter is a new line, not a send
     page.fill("#prompt", "Write a short poem")
     page.press("#prompt", "Shift+Enter")
@@ -209,7 +209,7 @@ def test_chat_streams_incrementally_with_speed_readout(open_page, server):
     assert partial, f"no partial answer seen while streaming (lengths observed: {lengths}, final {len(final)})"
     assert len(set(lengths) - {0}) >= 2, f"text did not grow across observations: {lengths}"
     meta = last(page, "assistant").locator(".stats").text_content()
-    assert "24 tokens" in meta and "length" in meta and "tok/s" in meta and "TTFT" in meta, meta
+    assert "16 tokens" in meta and "length" in meta and "tok/s" in meta and "TTFT" in meta, meta
     assert page.text_content("#stat-ttft").endswith("ms") and page.text_content("#stat-tps").endswith("tok/s")
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "chat.png"), full_page=True)
@@ -266,7 +266,7 @@ def test_stop_aborts_and_the_server_frees_the_request(open_page, server):
 
 def test_conversations_kept_across_reload_new_and_delete(open_page):
     page = open_page()
-    set_controls(page, temperature=0, max_tokens=6)
+    set_controls(page, temperature=0, max_tokens=4)
     send(page, "Say hello.")
     settle(page)
     answer = last(page, "assistant").locator(".content").text_content()
@@ -288,7 +288,7 @@ def test_conversations_kept_across_reload_new_and_delete(open_page):
 def test_copy_and_regenerate(open_page):
     page = open_page()
     page.context.grant_permissions(["clipboard-read", "clipboard-write"])
-    set_controls(page, temperature=0, max_tokens=6, seed=7)
+    set_controls(page, temperature=0, max_tokens=4, seed=7)
     send(page, "Name a fruit.")
     settle(page)
     first = last(page, "assistant").locator(".content").text_content()
@@ -331,17 +331,46 @@ def test_api_key_asked_on_401_and_kept(open_page):
     dialog = page.locator("#key-dialog")
     dialog.wait_for(state="visible")  # the engine poll got 401
     assert "API key" in page.text_content("#key-reason")
+    page.keyboard.press("Escape")  # declined: the poll says why and stops asking
+    page.wait_for_function("document.getElementById('engine-model').textContent.includes('API key')")
+    assert dialog.is_hidden()
+    set_controls(page, temperature=0, max_tokens=4)
+    send(page, "Hi")  # sending asks again
+    dialog.wait_for(state="visible")
     page.fill("#api-key", "wrong")
     page.press("#api-key", "Enter")
     dialog.wait_for(state="visible")  # asked again: the server said 401 again
     page.fill("#api-key", KEY)
     page.press("#api-key", "Enter")
+    settle(page)  # the send went through with the key
+    assert last(page, "assistant").locator(".content").text_content()
     page.wait_for_function("document.getElementById('engine-model').textContent.includes('SmolLM2')")
-    assert dialog.is_hidden()
+    assert dialog.is_hidden() and page.locator(".msg[data-role=error]").count() == 0
     assert page.evaluate("JSON.parse(localStorage.getItem('anycore.apiKey'))") == KEY
     page.reload()
     page.wait_for_function("document.getElementById('engine-model').textContent.includes('SmolLM2')")
     assert dialog.is_hidden()
+
+
+def test_keyboard_focus_is_visible_and_every_control_labelled(open_page):
+    page = open_page()
+    unlabelled = page.evaluate("""[...document.querySelectorAll('input, select, textarea')]
+        .filter(e => !e.labels || e.labels.length === 0).map(e => e.id || e.outerHTML)""")
+    assert unlabelled == []
+    assert page.evaluate("document.activeElement.id") == "prompt"  # ready to type on load
+    page.keyboard.press("Tab")
+    assert page.evaluate("document.activeElement.id") == "send"
+    style = page.evaluate("(() => { const s = getComputedStyle(document.activeElement); "
+                          "return [s.outlineStyle, parseFloat(s.outlineWidth)]; })()")
+    assert style[0] != "none" and style[1] >= 2, style
+    page.keyboard.press("Shift+Tab")
+    assert page.evaluate("document.activeElement.id") == "prompt"
+    set_controls(page, max_tokens=4)
+    page.focus("#prompt")
+    page.keyboard.type("Hello")
+    page.keyboard.press("Enter")
+    settle(page)
+    assert last(page, "user").locator(".content").text_content() == "Hello"
 
 
 def test_phone_width_keeps_the_input_usable(open_page):

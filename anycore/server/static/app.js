@@ -436,8 +436,9 @@ function showTab(name) {
     $(`tab-${t}`).setAttribute("aria-selected", String(t === name));
     $(`panel-${t}`).hidden = t !== name;
   }
-  if (name === "bench" && lastInfo && lastInfo.bench_results && !$("bench-table").tBodies[0].rows.length) {
-    loadServerBench();
+  if (name === "bench" && !$("bench-table").tBodies[0].rows.length) {
+    if (!lastInfo || lastInfo.bench_results) loadServerBench();
+    else $("bench-meta").textContent = "The server has no results (started without --bench-results); load a file below.";
   }
 }
 
