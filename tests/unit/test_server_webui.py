@@ -106,3 +106,13 @@ def test_serve_flag_reaches_the_config(tmp_path: Path):
     assert server_config(args).bench_results == str(tmp_path / "r.json")
     with pytest.raises(FileNotFoundError, match="--bench-results"):
         check_paths(args)  # the file does not exist: one line before any model load
+
+
+def test_readme_documents_every_engine_field():
+    with _client(ServerConfig()) as c:
+        info = c.get("/v1/engine").json()
+    readme = (Path(__file__).parents[2] / "README.md").read_text(encoding="utf-8")
+    block = readme.split("`GET /v1/engine` (Bearer", 1)[1].split("`GET /v1/bench` answers", 1)[0]
+    missing = [k for k in info if k != "object" and k not in block]
+    missing += [f"{k}.{sub}" for k in ("requests", "kv", "prefix_cache", "totals") for sub in info[k] if sub not in block]
+    assert missing == [], f"README's /v1/engine section lacks {missing}"
