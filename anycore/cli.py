@@ -236,7 +236,7 @@ def check_paths(args: argparse.Namespace) -> None:
     model = getattr(args, "model", None)
     if model is not None and not Path(model).exists():
         raise FileNotFoundError(f"--model {model}: no such file or folder")
-    for flag in ("dataset", "llama_cpp"):
+    for flag in ("dataset", "llama_cpp", "bench_results"):
         value = getattr(args, flag, None)
         if value is not None and not Path(value).is_file():
             raise FileNotFoundError(f"--{flag.replace('_', '-')} {value}: no such file")

@@ -153,6 +153,8 @@ class ServerConfig:
     max_request_body_mb: float = 4.0  # larger request bodies get 413 (0: no limit)
     request_timeout: float = 600.0  # seconds a request may take end to end (0: no limit); server/limits.py
     uvicorn_log_level: str = "warning"
+    # an `anycore bench compare --json` file the web page shows (GET /v1/bench); None: no Benchmarks tab
+    bench_results: str | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:

@@ -76,6 +76,7 @@ def test_sdist_and_wheel_carry_sources_and_the_library(installed):
         names = set(whl.namelist())
         meta = json.loads(whl.read(INFO))
     assert {LIB, INFO, "anycore/_csrc/common/ops.cpp", "anycore/_csrc/generic/generic.cpp"} <= names
+    assert {f"anycore/server/static/{f}" for f in ("index.html", "app.js", "style.css")} <= names  # the web page
     assert meta["torch_version"] == torch.__version__
     target = build.native_target()
     assert meta["hash"] == build._source_hash(target, build._variants(target, None))  # this checkout's sources
