@@ -89,6 +89,10 @@ _lp = fmt.finite
 
 
 def _chat_logprobs(ctx: ServerContext, lps: list[TokenLogprob]) -> dict[str, Any]:
+    """Chat's ``top_logprobs`` lists the top_logprobs likeliest tokens only (OpenAI and vLLM):
+    ``top_logprobs=0`` gives ``[]``, while the sampled token's own logprob is always the entry's
+    ``logprob``. (Legacy completions differ: their top dicts include the sampled token, see
+    logprobs_format.py.)"""
     def entry(tid: int, lp: float) -> dict[str, Any]:
         s = ctx.token_text(tid)
         return {"token": s, "logprob": _lp(lp), "bytes": list(s.encode("utf-8"))}

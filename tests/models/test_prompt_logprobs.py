@@ -93,3 +93,16 @@ def test_neighbours_and_samples_are_unaffected(llm_fp32):
     assert_close(mixed[0].prompt_logprobs, reference(llm_fp32, ids, 1))
     assert mixed[0].outputs[0].token_ids == mixed[0].outputs[1].token_ids
 
+
+
+def test_prompt_logprobs_match_transformers(llm_fp32, hf_model):
+    """The same values from an independent implementation (transformers on the same weights)."""
+    import torch
+
+    ids = llm_fp32.tokenizer.encode(PROMPT)
+    out = llm_fp32.generate([ids], SamplingParams(max_tokens=0, prompt_logprobs=0))[0]
+    with torch.no_grad():
+        ref = hf_model(torch.tensor([ids])).logits[0].float().log_softmax(-1)
+    want = ref[torch.arange(len(ids) - 1), torch.tensor(ids[1:])]
+    got = torch.tensor([lp.logprob for lp in out.prompt_logprobs[1:]])
+    assert torch.allclose(got, want, atol=2e-3, rtol=0), (got - want).abs().max()
