@@ -269,7 +269,7 @@ async def completions(body: CompletionRequest, request: Request,
 
     async def stream(group: RequestGroup):
         offsets = [0] * job.num_choices
-        started = [False] * job.num_choices  # the choice's first chunk went out (with the echo)
+        echoed = [not body.echo] * job.num_choices  # the choice's first chunk (with the prompt) went out
         counter = UsageCounter(job.prompt_tokens, job.n)
         async with group:
             async for out in group:
@@ -278,10 +278,10 @@ async def completions(body: CompletionRequest, request: Request,
                     break
                 i = out.index
                 counter.add(out)
-                first = not started[i]
+                first = not echoed[i]  # (echo only: this chunk also carries the prompt)
                 if first or out.delta_text or out.finished or (want_lp and out.new_logprobs):
-                    started[i] = True
-                    text = (echo_texts[prompt_of(i)] if body.echo and first else "") + out.delta_text
+                    echoed[i] = True
+                    text = (echo_texts[prompt_of(i)] if first else "") + out.delta_text
                     lp = None
                     if want_lp:
                         lp = logprobs_obj(i, out.prompt_logprobs if echo_lp and first else None, out.new_logprobs,
