@@ -106,3 +106,19 @@ def test_prompt_logprobs_match_transformers(llm_fp32, hf_model):
     want = ref[torch.arange(len(ids) - 1), torch.tensor(ids[1:])]
     got = torch.tensor([lp.logprob for lp in out.prompt_logprobs[1:]])
     assert torch.allclose(got, want, atol=2e-3, rtol=0), (got - want).abs().max()
+
+
+def test_preempted_requests_keep_their_prompt_logprobs(llm_fp32):
+    """A KV pool too small for the batch (116 slots, 3 x 48 needed) preempts requests, which are
+    recomputed from their first token; each prompt logprob is still there once, with the value
+    an unhurried run gives."""
+    from anycore import LLM
+
+    small = LLM(dtype="float32", kv_cache_gb=0.005, max_num_batched_tokens=16, enable_prefix_caching=False)
+    prompts = [f"{PROMPT} Story number {i}: once upon a time there was a small red boat on the sea." for i in range(3)]
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, prompt_logprobs=1)
+    tight = small.generate(prompts, params)
+    assert small.engine.stats().num_preemptions > 0
+    for got, want in zip(tight, llm_fp32.generate(prompts, params)):
+        assert_close(got.prompt_logprobs, want.prompt_logprobs)
+        assert got.token_ids == want.token_ids
