@@ -61,6 +61,7 @@ class LLM:
             RequestOutput(
                 request_id=f"{i}", prompt=prompt if isinstance(prompt, str) else None, prompt_token_ids=ids,
                 outputs=[samples[r.request_id].completion(r.index, p.logprobs is not None) for r in group],
+                prompt_logprobs=samples[group[0].request_id].prompt_logprobs,
                 num_cached_tokens=samples[group[0].request_id].num_cached_tokens,
             )
             for i, (prompt, ids, p, group) in enumerate(zip(prompt_list, encoded, params_list, requests))
@@ -96,6 +97,8 @@ class LLM:
                         s.text.append(o.delta_text)
                         s.token_ids.extend(o.new_token_ids)
                         s.logprobs.extend(o.new_logprobs)
+                        if o.prompt_logprobs is not None:
+                            s.prompt_logprobs = o.prompt_logprobs
                         if o.finished:
                             s.finish_reason = o.finish_reason
                             s.num_cached_tokens = o.num_cached_tokens
@@ -115,6 +118,7 @@ class _Sample:
         self.token_ids: list[int] = []
         self.logprobs: list[TokenLogprob] = []
         self.finish_reason: str | None = None
+        self.prompt_logprobs: list[TokenLogprob | None] | None = None
         self.num_cached_tokens = 0  # prompt tokens the prefix cache served
 
     def completion(self, index: int, with_logprobs: bool) -> CompletionOutput:

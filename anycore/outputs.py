@@ -18,6 +18,9 @@ class StepOutput:
     finished: bool
     finish_reason: str | None
     new_logprobs: list[TokenLogprob] = field(default_factory=list)
+    # the whole prompt's logprobs (SamplingParams.prompt_logprobs), once: in the request's first
+    # output after its prompt is computed; [0] is None
+    prompt_logprobs: list[TokenLogprob | None] | None = None
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
     num_cached_tokens: int = 0
@@ -62,6 +65,8 @@ class RequestOutput:
     prompt: str | None
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput]
+    # SamplingParams.prompt_logprobs (vLLM's shape: one entry per prompt token, None first)
+    prompt_logprobs: list[TokenLogprob | None] | None = None
     num_cached_tokens: int = 0  # prompt tokens the prefix cache served (to the first sample)
     finished: bool = True
 

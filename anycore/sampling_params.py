@@ -21,12 +21,17 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
     seed: int | None = None
-    max_tokens: int | None = 16  # None: up to the context length
+    # None: up to the context length; 0: no generation (the request ends after its prompt is
+    # prefilled, finish reason 'length': for prompt_logprobs / echo scoring)
+    max_tokens: int | None = 16
     min_tokens: int = 0
     stop: str | list[str] | None = None
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     logprobs: int | None = None  # number of top alternatives per sampled token (0: just the sampled one)
+    # vLLM's prompt_logprobs: None off; k: each prompt token's own logprob plus the top-k
+    # alternatives at its position (the first prompt token has none: None in its place)
+    prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
 
@@ -63,12 +68,15 @@ class SamplingParams:
             raise bad("frequency_penalty", "must be in [-2, 2]")
         if not -2.0 <= self.presence_penalty <= 2.0:
             raise bad("presence_penalty", "must be in [-2, 2]")
-        if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or self.max_tokens < 1):
-            raise bad("max_tokens", "must be an integer >= 1")
+        if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or self.max_tokens < 0):
+            raise bad("max_tokens", "must be an integer >= 0")
         if self.min_tokens < 0 or (self.max_tokens is not None and self.min_tokens > self.max_tokens):
             raise bad("min_tokens", "must be in [0, max_tokens]")
         if self.logprobs is not None and not 0 <= self.logprobs <= 20:
             raise bad("logprobs", "must be in [0, 20]")
+        if self.prompt_logprobs is not None and (not isinstance(self.prompt_logprobs, int)
+                                                 or not 0 <= self.prompt_logprobs <= 20):
+            raise bad("prompt_logprobs", "must be in [0, 20]")
         if any(not isinstance(s, str) or not s for s in self.stop):  # type: ignore[union-attr]
             raise bad("stop", "stop strings must be non-empty strings")
         if self.seed is not None and not isinstance(self.seed, int):

@@ -36,16 +36,21 @@ class KVCacheManager:
 
     def prefix_match_len(self, request: Request) -> int:
         """Length of the cached prefix usable by ``request`` (no side effects, no counters)."""
-        if self.radix is None:
+        if self.radix is None or request.needs_prompt_logprobs:
             return 0
         slots, _ = self.radix.match_prefix(request.all_token_ids[: request.num_tokens - 1], count=False)
         return len(slots)
 
     def match(self, request: Request) -> int:
         """Attaches the longest cached prefix to a request with no KV yet; returns its length.
-        At least one token is left to compute, so the step still yields logits."""
+        At least one token is left to compute, so the step still yields logits.
+
+        A request still collecting prompt logprobs matches nothing: a cached token's KV is
+        reusable but its logits (the next prompt token's logprob) were never kept, so every
+        prompt token it lacks a logprob for must run through its own forward pass. (It still
+        publishes its prompt for others once computed.)"""
         assert not request.slots and request.num_computed_tokens == 0
-        if self.radix is None:
+        if self.radix is None or request.needs_prompt_logprobs:
             return 0
         slots, node = self.radix.match_prefix(request.all_token_ids[: request.num_tokens - 1])
         self.radix.lock(node)

@@ -16,6 +16,7 @@ from tqdm import tqdm
 from anycore.cache.manager import KVCacheManager
 from anycore.config import EngineConfig, parse_dtype
 from anycore.engine.detokenizer import IncrementalDetokenizer
+from anycore.engine.prompt_logprobs import merge_prompt_logprobs
 from anycore.engine.runner import KVPool, ModelRunner
 from anycore.engine.thread_governor import ThreadGovernor
 from anycore.engine.weight_arena import consolidate_weights
@@ -183,7 +184,11 @@ class Engine:
         if gov is not None and torch.get_num_threads() != gov.threads:
             torch.set_num_threads(gov.threads)  # (another engine in this process changed it)
         t0 = time.perf_counter()
-        sampled, logprobs = self.runner.execute(out)
+        sampled, logprobs, prompt_lps = self.runner.execute(out)
+        for rid, piece in prompt_lps.items():
+            req = self._requests.get(rid)
+            if req is not None:
+                merge_prompt_logprobs(req, piece)
         if gov is not None and out.all_decode:
             steps = max(len(t) for t in sampled.values()) if sampled else 1
             gov.observe(len(out.scheduled), (time.perf_counter() - t0) / steps)
@@ -198,6 +203,10 @@ class Engine:
         """What a step gave ``req`` (its new tokens, already detokenized); a finished request's
         engine state goes with it."""
         finished = req.is_finished
+        prompt_lps = None
+        if req.params.prompt_logprobs is not None and not req.prompt_logprobs_sent and not req.needs_prompt_logprobs:
+            prompt_lps = req.prompt_logprobs  # (complete now: with the first output after the prompt)
+            req.prompt_logprobs_sent = True
         out = StepOutput(
             request_id=req.request_id,
             new_token_ids=tokens,
@@ -205,6 +214,7 @@ class Engine:
             finished=finished,
             finish_reason=req.finish_reason,
             new_logprobs=logprobs,
+            prompt_logprobs=prompt_lps,
             num_prompt_tokens=req.num_prompt_tokens,
             num_output_tokens=req.num_output_tokens,
             num_cached_tokens=req.num_cached_tokens,

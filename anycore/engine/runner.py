@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from anycore.engine.native_executor import NativeExecutor
+from anycore.engine.prompt_logprobs import PromptLogprobPiece, gather_prompt_logprobs, logits_layout
 from anycore.engine.sampler import sample_requests
 from anycore.engine.slot_rows import SlotRows
 from anycore.kernels.ops import KernelOps
@@ -141,21 +142,30 @@ class ModelRunner:
         return limit if limit > 1 and self.native.can_decode_greedy() else 1
 
     @torch.inference_mode()
-    def execute(self, out: SchedulerOutput) -> tuple[dict[str, list[int]], dict[str, list[TokenLogprob]]]:
-        """Runs one step; returns the tokens (and logprobs, where asked) of each sampling request."""
+    def execute(self, out: SchedulerOutput) -> tuple[dict[str, list[int]], dict[str, list[TokenLogprob]],
+                                                     dict[str, PromptLogprobPiece]]:
+        """Runs one step; returns the tokens (and logprobs, where asked) of each sampling
+        request, and the prompt logprobs this step computed (requests with prompt_logprobs)."""
         if len(out.scheduled) == 1 and out.scheduled[0].num_steps > 1:
-            return self._multi_step(out.scheduled[0]), {}
+            return self._multi_step(out.scheduled[0]), {}, {}
         batch = self.build_batch(out)
+        layout = logits_layout(out.scheduled)
+        if layout is not None:  # some rows want every new token's logits (prompt logprobs)
+            batch.logits_indices = layout.indices
         hidden = self.model(batch, self.native.layers_fn(batch))
+        prompt_lps: dict[str, PromptLogprobPiece] = {}
+        if layout is not None:
+            prompt_lps = gather_prompt_logprobs(layout, hidden, self.model.compute_logits)
+            hidden = hidden[layout.sample_rows]
         reqs = [s.request for s in out.scheduled if s.sample]
         if not reqs:
-            return {}, {}
+            return {}, {}, prompt_lps
         logits = self.model.compute_logits(hidden)
         tokens, logprobs = sample_requests(logits, reqs)
         ids = [r.request_id for r in reqs]
         sampled = {rid: [t] for rid, t in zip(ids, tokens.tolist())}
         lps = {rid: [lp] for rid, lp in zip(ids, logprobs) if lp is not None}
-        return sampled, lps
+        return sampled, lps, prompt_lps
 
     def _multi_step(self, s: ScheduledRequest) -> dict[str, list[int]]:
         """``s.num_steps`` greedy tokens of one request in one native call."""

@@ -117,6 +117,10 @@ class TextTokenizer:
     def decode(self, ids: list[int] | int, skip_special_tokens: bool = False) -> str:
         return self._tok.decode([ids] if isinstance(ids, int) else list(ids), skip_special_tokens=skip_special_tokens)
 
+    def convert_ids_to_tokens(self, ids: list[int]) -> list[str]:
+        """The vocabulary strings of ``ids`` (byte-level BPE spells a leading space "Ġ")."""
+        return [self._tok.id_to_token(i) for i in ids]
+
     def apply_chat_template(self, conversation: list[dict[str, Any]], add_generation_prompt: bool = False,
                             tokenize: bool = True, tools: list[dict] | None = None,
                             documents: list[dict] | None = None, **kwargs: Any) -> list[int] | str:

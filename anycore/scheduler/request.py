@@ -20,6 +20,7 @@ class TokenLogprob:
     token_id: int
     logprob: float
     top: list[tuple[int, float]]  # the top-N alternatives (token id, logprob), best first
+    rank: int | None = None  # 1 + how many tokens were likelier (set for prompt logprobs)
 
 
 @dataclass(eq=False)
@@ -41,6 +42,10 @@ class Request:
     cache_node: Any = None  # locked radix node covering the shared prefix of ``slots``
     finish_reason: str | None = None
     logprobs: list[TokenLogprob] = field(default_factory=list)
+    # prompt token i's logprob (params.prompt_logprobs); [0] is None (nothing precedes it).
+    # Filled chunk by chunk during prefill; a recomputation after preemption skips what it has
+    prompt_logprobs: list[TokenLogprob | None] = field(default_factory=list)
+    prompt_logprobs_sent: bool = False  # handed out (with the first output after the prompt)
     generator: Any = None  # torch.Generator when params.seed is set
     num_preemptions: int = 0
     prefill_cached: bool = False  # prompt KV published to the prefix cache
@@ -72,6 +77,17 @@ class Request:
     def append_token(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)
         self.all_token_ids.append(token_id)
+
+    @property
+    def needs_prompt_logprobs(self) -> bool:
+        """Prompt logprobs were asked for and some are still missing: every prompt token left
+        must be computed by this request's own forward pass (no prefix-cache reuse)."""
+        return self.params.prompt_logprobs is not None and len(self.prompt_logprobs) < self.num_prompt_tokens
+
+    @property
+    def wants_output(self) -> bool:
+        """False for max_tokens=0: the request only prefills its prompt (then ends, 'length')."""
+        return self.params.max_tokens != 0
 
     @property
     def plain_greedy(self) -> bool:

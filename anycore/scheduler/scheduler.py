@@ -21,7 +21,9 @@ class ScheduledRequest:
     request: Request
     start: int  # num_computed_tokens before this step
     num_new_tokens: int
-    sample: bool  # this step reaches the last known token, so a new token is sampled
+    # this step reaches the last known token, so a new token is sampled (never for a request
+    # with max_tokens=0, which ends once its prompt is computed)
+    sample: bool
     # tokens this step may produce: > 1 only for a multi-step greedy decode (Scheduler
     # ._multi_step), which writes the KV of positions start .. start + num_steps - 1 and holds
     # slots for all of them; stops it cannot foresee end it early in ``update``
@@ -125,7 +127,8 @@ class Scheduler:
         if self.waiting or len(self.running) != 1:
             return None
         req = self.running[0]
-        if req.num_tokens - req.num_computed_tokens != 1 or not req.prefill_cached or not req.plain_greedy:
+        if (req.num_tokens - req.num_computed_tokens != 1 or not req.prefill_cached or not req.plain_greedy
+                or req.needs_prompt_logprobs):  # (the native multi-step call yields no logits)
             return None
         n = min(max_steps, req.max_model_len - req.num_tokens)
         if req.params.max_tokens is not None:
@@ -147,7 +150,7 @@ class Scheduler:
     def _schedule_tokens(req: Request, n: int, slots: list[int]) -> ScheduledRequest:
         start = req.num_computed_tokens
         req.slots.extend(slots)
-        return ScheduledRequest(req, start, n, sample=start + n == req.num_tokens)
+        return ScheduledRequest(req, start, n, sample=start + n == req.num_tokens and req.wants_output)
 
     def _preempt(self, req: Request) -> None:
         self.kv.release(req)
@@ -163,7 +166,8 @@ class Scheduler:
         tokens each sampling request produced, in order), stopping at the first that ends the
         request (``Request.check_stop``: token rules and stop strings); returns each request
         that got tokens with the tokens it kept (finished ones included, already released).
-        One routine for every step kind: a prefill chunk, a decode, a multi-step decode."""
+        One routine for every step kind: a prefill chunk, a decode, a multi-step decode. A
+        max_tokens=0 request is returned (finished, no tokens) once its prompt is computed."""
         progressed = []
         for s in out.scheduled:
             req = s.request
@@ -174,6 +178,10 @@ class Scheduler:
                 # publish the prompt's KV now so concurrent requests with this prefix reuse it
                 self.kv.cache_prefix(req)
                 req.prefill_cached = True
+            if not req.wants_output and req.num_computed_tokens >= req.num_prompt_tokens:
+                self.finish(req, "length")  # max_tokens=0: the prompt (and its logprobs) was all it wanted
+                progressed.append((req, []))
+                continue
             if not s.sample:
                 continue
             kept = []

@@ -100,7 +100,10 @@ async def tokenize(body: TokenizeRequest, ctx: Ctx) -> dict[str, Any]:
         ids = ctx.encode_chat(body.messages, body.add_generation_prompt)
     else:
         ids = ctx.require_ready().encode_text(body.prompt or "", add_special_tokens=body.add_special_tokens)
-    return {"tokens": ids, "count": len(ids), "max_model_len": ctx.max_model_len}
+    out: dict[str, Any] = {"tokens": ids, "count": len(ids), "max_model_len": ctx.max_model_len}
+    if body.return_token_strs:  # vLLM's flag and field: the vocabulary strings, not decoded text
+        out["token_strs"] = ctx.require_ready().tokenizer.convert_ids_to_tokens(ids)
+    return out
 
 
 @router.post("/detokenize")

@@ -20,7 +20,7 @@ class _Model(BaseModel):
 
 class StreamOptions(_Model):
     include_usage: bool = False
-    continuous_usage_stats: bool = False
+    continuous_usage_stats: bool = False  # vLLM: usage (running counts) on every chunk; needs include_usage
 
 
 class SamplingFields(_Model):
@@ -47,6 +47,9 @@ class SamplingFields(_Model):
     stop_token_ids: list[int] | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    # vLLM: each prompt token's logprob plus the top-k at its position, returned as
+    # ``prompt_logprobs`` (per choice on completions, on the response for chat)
+    prompt_logprobs: int | None = Field(None, ge=0, le=20)
 
     def to_sampling_params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
         """OpenAI's unset temperature/top_p/top_k mean 1, 1 and off; raises InvalidParameter."""
@@ -66,6 +69,7 @@ class SamplingFields(_Model):
             stop_token_ids=self.stop_token_ids or [],
             ignore_eos=self.ignore_eos,
             logprobs=logprobs,
+            prompt_logprobs=self.prompt_logprobs,
             skip_special_tokens=self.skip_special_tokens,
             include_stop_str_in_output=self.include_stop_str_in_output,
         )
@@ -104,7 +108,8 @@ class ChatCompletionRequest(SamplingFields):
 
 class CompletionRequest(SamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = Field(16, ge=1)  # OpenAI's default for completions
+    # OpenAI's default for completions; 0 (only with echo) scores the prompt without generating
+    max_tokens: int | None = Field(16, ge=0)
     logprobs: int | None = Field(None, ge=0, le=20)
     echo: bool = False
     suffix: str | None = None
@@ -159,6 +164,7 @@ class TokenizeRequest(_Model):
     messages: list[ChatMessage] | None = None
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
+    return_token_strs: bool = False  # vLLM: also answer the tokens' vocabulary strings (token_strs)
 
 
 class DetokenizeRequest(_Model):

@@ -107,8 +107,9 @@ def test_mixed_batch_rows_do_not_interfere():
 
 @pytest.mark.parametrize("kwargs", [
     {"temperature": -1}, {"top_p": 0}, {"top_p": 1.5}, {"top_k": -2}, {"min_p": 2},
-    {"max_tokens": 0}, {"n": 0}, {"repetition_penalty": 0}, {"frequency_penalty": 3},
-    {"presence_penalty": -3}, {"logprobs": 50}, {"stop": [""]},
+    {"max_tokens": -1}, {"n": 0}, {"repetition_penalty": 0}, {"frequency_penalty": 3},
+    {"presence_penalty": -3}, {"logprobs": 50}, {"prompt_logprobs": 21},
+    {"prompt_logprobs": -1}, {"stop": [""]},
 ])
 def test_invalid_params_raise_clear_errors(kwargs):
     name = next(iter(kwargs))

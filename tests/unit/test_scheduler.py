@@ -263,3 +263,41 @@ def test_multi_step_decode_only_when_alone_decoding_and_plain_greedy():
     _decoding(s3, req("d", 5, max_tokens=100))
     out, b = _multi(s3, 4)
     assert b is None and out.scheduled[0].num_steps == 1
+
+
+def test_a_request_wanting_prompt_logprobs_takes_no_prefix_hit():
+    s = Scheduler(KVCacheManager(1000), max_num_batched_tokens=64, max_num_seqs=8)
+    s.add(req("a", 10, max_tokens=1))
+    run_step(s)  # a's prompt is published, a finishes
+    lp = Request("b", list(range(10)), SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=0))
+    assert s.kv.prefix_match_len(lp) == 0
+    s.add(lp)
+    out = s.schedule()
+    assert [(x.start, x.num_new_tokens) for x in out.scheduled] == [(0, 10)] and lp.num_cached_tokens == 0
+    lp.prompt_logprobs = [None] * 10  # (what the runner would have gathered): now a hit is fine
+    s.update(out, {"b": [7]})
+    assert not lp.needs_prompt_logprobs
+    check_slots(s)
+
+
+def test_max_tokens_zero_finishes_after_the_prompt_without_sampling():
+    s = Scheduler(KVCacheManager(1000), max_num_batched_tokens=4, max_num_seqs=8)
+    r = req("a", 6, max_tokens=0)
+    s.add(r)
+    out = s.schedule()
+    assert [x.sample for x in out.scheduled] == [False]
+    assert s.update(out, {}) == [] and not r.is_finished
+    out = s.schedule()
+    assert [(x.start, x.num_new_tokens, x.sample) for x in out.scheduled] == [(4, 2, False)]
+    assert s.update(out, {}) == [(r, [])]
+    assert r.is_finished and r.finish_reason == "length" and r.output_token_ids == []
+    assert not s.has_unfinished() and s.kv.allocator.num_free + s.kv.radix.evictable_size == 1000
+
+
+def test_no_multi_step_decode_while_prompt_logprobs_are_missing():
+    s = Scheduler(KVCacheManager(1000), max_num_batched_tokens=64, max_num_seqs=8)
+    r = Request("a", list(range(5)), SamplingParams(max_tokens=8, temperature=0, prompt_logprobs=0))
+    s.add(r)
+    out = s.schedule(max_steps=4)
+    s.update(out, {"a": [7]})  # (prompt logprobs not filled in: as if they were lost)
+    assert s.schedule(max_steps=4).scheduled[0].num_steps == 1
