@@ -26,6 +26,9 @@ class ScheduledRequest:
     # ._multi_step), which writes the KV of positions start .. start + num_steps - 1 and holds
     # slots for all of them; stops it cannot foresee end it early in ``update``
     num_steps: int = 1
+    # runs as one native greedy call (embedding, stack, head, argmax per token; no sampler),
+    # for ``num_steps`` >= 1 tokens
+    greedy_native: bool = False
 
 
 @dataclass
@@ -75,12 +78,12 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def schedule(self, max_steps: int = 1) -> SchedulerOutput:
-        """This step's work. ``max_steps`` > 1 allows a multi-step greedy decode when exactly
-        one request runs, decoding with plain greedy sampling, and nobody waits (the runner
-        then produces up to that many tokens in one native call); a request arriving meanwhile
-        waits at most that many tokens' time."""
-        if max_steps > 1:
+    def schedule(self, max_steps: int = 0) -> SchedulerOutput:
+        """This step's work. ``max_steps`` >= 1 allows a native greedy decode when exactly one
+        request runs, decoding with plain greedy sampling, and nobody waits (the runner then
+        produces up to that many tokens in one native call, no sampler); a request arriving
+        meanwhile waits at most that many tokens' time. 0: ordinary steps only."""
+        if max_steps >= 1:
             multi = self._multi_step(max_steps)
             if multi is not None:
                 return SchedulerOutput([multi])
@@ -130,11 +133,11 @@ class Scheduler:
         n = min(max_steps, req.max_model_len - req.num_tokens)
         if req.params.max_tokens is not None:
             n = min(n, req.params.max_tokens - req.num_output_tokens)
-        slots = self.kv.allocate(n) if n >= 2 else None
+        slots = self.kv.allocate(n) if n >= 1 else None
         if slots is None:
-            return None  # (one token or short of slots: an ordinary step, preempting if it must)
+            return None  # (short of slots: an ordinary step, preempting if it must)
         req.slots.extend(slots)
-        return ScheduledRequest(req, req.num_computed_tokens, 1, sample=True, num_steps=n)
+        return ScheduledRequest(req, req.num_computed_tokens, 1, sample=True, num_steps=n, greedy_native=True)
 
     def _next_waiting(self) -> Request:
         if self.policy == "lpm" and len(self.waiting) > 1:

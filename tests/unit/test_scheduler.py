@@ -197,7 +197,7 @@ def _multi(s: Scheduler, max_steps: int):
     multi-step decode, else None."""
     out = s.schedule(max_steps)
     only = out.scheduled[0] if len(out.scheduled) == 1 else None
-    return out, (only if only is not None and only.num_steps > 1 else None)
+    return out, (only if only is not None and only.greedy_native else None)
 
 
 def test_multi_step_decode_for_a_request_decoding_alone():
@@ -263,3 +263,8 @@ def test_multi_step_decode_only_when_alone_decoding_and_plain_greedy():
     _decoding(s3, req("d", 5, max_tokens=100))
     out, b = _multi(s3, 4)
     assert b is None and out.scheduled[0].num_steps == 1
+    # max_steps 1: one token, still one native call (each token streamed as it is made); 0: never
+    s4 = Scheduler(KVCacheManager(100), max_num_batched_tokens=64, max_num_seqs=8)
+    _decoding(s4, req("e", 5, max_tokens=100))
+    assert _multi(s4, 1)[1].num_steps == 1
+    assert _multi(s4, 0)[1] is None
