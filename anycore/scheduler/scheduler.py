@@ -50,6 +50,20 @@ class SchedulerOutput:
         return all(s.num_new_tokens == 1 for s in self.scheduled)
 
 
+# A waiting request whose prompt shares at least this many more tokens with a prompt being
+# prefilled right now than the prefix cache holds waits for that prefill to publish its KV,
+# instead of computing the same prefix a second time in parallel (Scheduler._prefix_in_flight)
+MIN_SHARED_IN_FLIGHT = 64
+
+
+def common_prefix_len(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
 class Scheduler:
     def __init__(
         self,
@@ -108,8 +122,12 @@ class Scheduler:
             i += 1
         if out.preempted:
             return out  # memory is tight: do not admit anyone this step
+        deferred: list[Request] = []
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             req = self._next_waiting()
+            if self._prefix_in_flight(req):
+                deferred.append(req)
+                continue
             self.kv.match(req)
             n = min(req.num_tokens - req.num_computed_tokens, budget)
             slots = self.kv.allocate(n)
@@ -122,7 +140,28 @@ class Scheduler:
             self.running.append(req)
             out.scheduled.append(self._schedule_tokens(req, n, slots))
             budget -= n
+        self.waiting.extendleft(reversed(deferred))  # back at the front, in their order
         return out
+
+    def _prefix_in_flight(self, req: Request) -> bool:
+        """Whether a running request is still computing a prompt prefix ``req`` shares beyond
+        what the prefix cache already holds (then ``req`` waits for it: its KV is published when
+        that prompt's prefill ends, ``update``). Only with the prefix cache on."""
+        if self.kv.radix is None:
+            return False
+        prompt = req.prompt_token_ids
+        cached = None
+        for r in self.running:
+            if r.prefill_cached:
+                continue
+            shared = common_prefix_len(prompt, r.prompt_token_ids)
+            if shared < MIN_SHARED_IN_FLIGHT:
+                continue
+            if cached is None:
+                cached = self.kv.prefix_match_len(req)
+            if shared >= cached + MIN_SHARED_IN_FLIGHT:
+                return True
+        return False
 
     def _multi_step(self, max_steps: int) -> ScheduledRequest | None:
         if self.waiting or len(self.running) != 1:
