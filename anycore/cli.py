@@ -37,8 +37,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    default=d("adaptive_threads"),
                    help="always use --threads (default: decode drops threads when other processes make fewer faster)")
     g.add_argument("--decode-burst", type=int, default=d("decode_burst"),
-                   help="greedy tokens a request decoding alone runs in one native call (1: one token a step; "
-                        "default: %(default)s)")
+                   help="greedy tokens a request decoding alone runs in one native call (1: one token per call, "
+                        "each streamed as it is made; 0: no native greedy decode; default: %(default)s)")
     g.add_argument("--kernels", default=d("kernels"),
                    help="kernel overrides, e.g. 'torch-native' or 'rms_norm=generic'")
     g.add_argument("--quantization", default=d("quantization"), choices=["w8a8_int8"],
@@ -77,9 +77,11 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _doctor(args: argparse.Namespace) -> int:
-    from anycore.doctor import run_doctor
+    from anycore.doctor import run_doctor, self_check_section
 
-    print(run_doctor())
+    print(run_doctor(), end="")
+    if args.self_check:
+        print(self_check_section(args.model, args.dtype, args.threads))
     return 0
 
 
@@ -214,7 +216,12 @@ def build_parser() -> argparse.ArgumentParser:
     quant.add_argument("--out", required=True, help="output folder")
     quant.set_defaults(func=_quantize)
 
-    doctor = sub.add_parser("doctor", help="CPU features, kernel choices, build info")
+    doctor = sub.add_parser("doctor", help="CPU features, kernel choices, build info, decode self-check")
+    doctor.add_argument("--no-self-check", dest="self_check", action="store_false",
+                        help="skip loading a model to time a few decode steps against the probed bandwidth")
+    doctor.add_argument("--model", default=None, help="model for the self-check (default: the default model)")
+    doctor.add_argument("--dtype", default="bfloat16", help="dtype for the self-check (default: %(default)s)")
+    doctor.add_argument("--threads", type=int, default=None, help="threads for the self-check (default: all cores)")
     doctor.set_defaults(func=_doctor)
 
     bench = sub.add_parser("bench", help="benchmarks (latency, throughput, serving, compare)")

@@ -104,11 +104,13 @@ class EngineConfig:
     # decode steps use fewer than `threads` when that measures faster (other processes on the
     # cores; anycore/engine/thread_governor.py); False pins the count
     adaptive_threads: bool = True
-    # greedy tokens a request decoding alone may run in one native call (no Python between them;
-    # Scheduler.update applies the stop conditions token by token, so outputs are the same); 1
-    # disables. A request arriving meanwhile waits at most this many tokens' time
-    # (Scheduler.schedule(max_steps), engine/native_executor.py)
-    decode_burst: int = 4
+    # greedy tokens a request decoding alone with plain greedy sampling runs in one native call
+    # (embedding, stack, head and argmax per token; no sampler, no Python between them;
+    # Scheduler.update applies the stop conditions token by token, so outputs are the same).
+    # 1: one token per call, so a stream gets every token as it is made; 0: never (every step
+    # through the runner's batch and sampler). A request arriving meanwhile waits at most this
+    # many tokens' time (Scheduler.schedule(max_steps), engine/native_executor.py)
+    decode_burst: int = 1
     kernels: str | None = None  # override string for the kernel table, e.g. "torch-native"
     quantization: str | None = None  # e.g. "w8a8_int8" (online); pre-quantized checkpoints say so themselves
     # online quantization only: the logits head too (int8, smoothed; +0.2% perplexity on
@@ -129,8 +131,8 @@ class EngineConfig:
             raise ValueError(f"unknown scheduling policy {self.policy!r}; use 'fcfs' or 'lpm'")
         if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
             raise ValueError("max_num_seqs and max_num_batched_tokens must be >= 1")
-        if self.decode_burst < 1:
-            raise ValueError("decode_burst must be >= 1")
+        if self.decode_burst < 0:
+            raise ValueError("decode_burst must be >= 0")
         if self.kv_cache_gb is not None and self.kv_cache_gb <= 0:
             raise ValueError("kv_cache_gb must be > 0")
         if self.quantize_lm_head and not self.quantization:
@@ -152,6 +154,9 @@ class ServerConfig:
     shutdown_timeout: float = 10.0  # seconds in-flight requests may run on after SIGINT/SIGTERM
     max_request_body_mb: float = 4.0  # larger request bodies get 413 (0: no limit)
     request_timeout: float = 600.0  # seconds a request may take end to end (0: no limit); server/limits.py
+    # time a few decode steps before serving and log them against the probed read bandwidth
+    # (engine/self_check.py), so a process stuck in a slow mode says so
+    self_check: bool = True
     uvicorn_log_level: str = "warning"
     # an `anycore bench compare --json` file the web page shows (GET /v1/bench); None: no Benchmarks tab
     bench_results: str | None = None

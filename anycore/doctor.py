@@ -112,3 +112,25 @@ def _size(n: int) -> str:
         if n >= div and n % div == 0:
             return f"{n // div} {unit}"
     return f"{n} B"
+
+
+def self_check_section(model: str | None, dtype: str, threads: int | None) -> str:
+    """Loads ``model`` (default: the default model) and times a few batch-1 decode steps against
+    the probed read bandwidth (engine/self_check.py); one line, never raises."""
+    import logging
+
+    quiet = logging.getLogger("anycore")
+    level = quiet.level
+    quiet.setLevel(logging.WARNING)  # the load's INFO lines would bury the report
+    try:
+        from anycore.config import EngineConfig
+        from anycore.engine.engine import Engine
+        from anycore.engine.self_check import decode_self_check
+
+        engine = Engine(EngineConfig(model=model, dtype=dtype, threads=threads, kv_cache_gb=0.05))
+        check = decode_self_check(engine)
+    except Exception as e:  # noqa: BLE001 - doctor reports, it does not fail
+        return f"self-check  not run: {e}\n"
+    finally:
+        quiet.setLevel(level)
+    return f"self-check  {engine.model_name}: {check.summary()}\n"

@@ -137,16 +137,16 @@ class ModelRunner:
         return table
 
     def max_steps(self, limit: int) -> int:
-        """Tokens a multi-step greedy decode may run in one call here: ``limit``, or 1 when the
+        """Tokens a native greedy decode may run in one call here: ``limit``, or 0 when the
         model cannot run one natively (checked per step: quantization or hooks change it)."""
-        return limit if limit > 1 and self.native.can_decode_greedy() else 1
+        return limit if limit >= 1 and self.native.can_decode_greedy() else 0
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> tuple[dict[str, list[int]], dict[str, list[TokenLogprob]],
                                                      dict[str, PromptLogprobPiece]]:
         """Runs one step; returns the tokens (and logprobs, where asked) of each sampling
         request, and the prompt logprobs this step computed (requests with prompt_logprobs)."""
-        if len(out.scheduled) == 1 and out.scheduled[0].num_steps > 1:
+        if len(out.scheduled) == 1 and out.scheduled[0].greedy_native:
             return self._multi_step(out.scheduled[0]), {}, {}
         batch = self.build_batch(out)
         layout = logits_layout(out.scheduled)

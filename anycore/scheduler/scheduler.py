@@ -28,6 +28,9 @@ class ScheduledRequest:
     # ._multi_step), which writes the KV of positions start .. start + num_steps - 1 and holds
     # slots for all of them; stops it cannot foresee end it early in ``update``
     num_steps: int = 1
+    # runs as one native greedy call (embedding, stack, head, argmax per token; no sampler),
+    # for ``num_steps`` >= 1 tokens
+    greedy_native: bool = False
 
 
 @dataclass
@@ -47,6 +50,20 @@ class SchedulerOutput:
     def all_decode(self) -> bool:
         """Every scheduled request adds exactly one token (a decode step)."""
         return all(s.num_new_tokens == 1 for s in self.scheduled)
+
+
+# A waiting request whose prompt shares at least this many more tokens with a prompt being
+# prefilled right now than the prefix cache holds waits for that prefill to publish its KV,
+# instead of computing the same prefix a second time in parallel (Scheduler._prefix_in_flight)
+MIN_SHARED_IN_FLIGHT = 64
+
+
+def common_prefix_len(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
 
 
 class Scheduler:
@@ -77,12 +94,12 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def schedule(self, max_steps: int = 1) -> SchedulerOutput:
-        """This step's work. ``max_steps`` > 1 allows a multi-step greedy decode when exactly
-        one request runs, decoding with plain greedy sampling, and nobody waits (the runner
-        then produces up to that many tokens in one native call); a request arriving meanwhile
-        waits at most that many tokens' time."""
-        if max_steps > 1:
+    def schedule(self, max_steps: int = 0) -> SchedulerOutput:
+        """This step's work. ``max_steps`` >= 1 allows a native greedy decode when exactly one
+        request runs, decoding with plain greedy sampling, and nobody waits (the runner then
+        produces up to that many tokens in one native call, no sampler); a request arriving
+        meanwhile waits at most that many tokens' time. 0: ordinary steps only."""
+        if max_steps >= 1:
             multi = self._multi_step(max_steps)
             if multi is not None:
                 return SchedulerOutput([multi])
@@ -107,8 +124,12 @@ class Scheduler:
             i += 1
         if out.preempted:
             return out  # memory is tight: do not admit anyone this step
+        deferred: list[Request] = []
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             req = self._next_waiting()
+            if self._prefix_in_flight(req):
+                deferred.append(req)
+                continue
             self.kv.match(req)
             n = min(req.num_tokens - req.num_computed_tokens, budget)
             slots = self.kv.allocate(n)
@@ -121,7 +142,29 @@ class Scheduler:
             self.running.append(req)
             out.scheduled.append(self._schedule_tokens(req, n, slots))
             budget -= n
+        self.waiting.extendleft(reversed(deferred))  # back at the front, in their order
         return out
+
+    def _prefix_in_flight(self, req: Request) -> bool:
+        """Whether a running request is still computing a prompt prefix ``req`` shares beyond
+        what the prefix cache already holds (then ``req`` waits for it: its KV is published when
+        that prompt's prefill ends, ``update``). Only with the prefix cache on, and not for a
+        request that wants prompt logprobs (it takes no prefix hit anyway)."""
+        if self.kv.radix is None or req.needs_prompt_logprobs:
+            return False
+        prompt = req.prompt_token_ids
+        cached = None
+        for r in self.running:
+            if r.prefill_cached:
+                continue
+            shared = common_prefix_len(prompt, r.prompt_token_ids)
+            if shared < MIN_SHARED_IN_FLIGHT:
+                continue
+            if cached is None:
+                cached = self.kv.prefix_match_len(req)
+            if shared >= cached + MIN_SHARED_IN_FLIGHT:
+                return True
+        return False
 
     def _multi_step(self, max_steps: int) -> ScheduledRequest | None:
         if self.waiting or len(self.running) != 1:
@@ -133,11 +176,11 @@ class Scheduler:
         n = min(max_steps, req.max_model_len - req.num_tokens)
         if req.params.max_tokens is not None:
             n = min(n, req.params.max_tokens - req.num_output_tokens)
-        slots = self.kv.allocate(n) if n >= 2 else None
+        slots = self.kv.allocate(n) if n >= 1 else None
         if slots is None:
-            return None  # (one token or short of slots: an ordinary step, preempting if it must)
+            return None  # (short of slots: an ordinary step, preempting if it must)
         req.slots.extend(slots)
-        return ScheduledRequest(req, req.num_computed_tokens, 1, sample=True, num_steps=n)
+        return ScheduledRequest(req, req.num_computed_tokens, 1, sample=True, num_steps=n, greedy_native=True)
 
     def _next_waiting(self) -> Request:
         if self.policy == "lpm" and len(self.waiting) > 1:

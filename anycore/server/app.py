@@ -93,7 +93,7 @@ def run_server(config: ServerConfig, engine_config: EngineConfig) -> int:
     import uvicorn
 
     host, port, grace = config.host, config.port, config.shutdown_timeout
-    engine = AsyncEngine(engine_config, max_queued_requests=config.max_queued_requests)
+    engine = AsyncEngine(engine_config, max_queued_requests=config.max_queued_requests, self_check=config.self_check)
     ctx = ServerContext(engine, config)
     url = f"http://{host}:{port}"
     server: Any = None

@@ -31,6 +31,9 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--bench-results", default=d("bench_results"), metavar="FILE",
                    help="an `anycore bench compare --json` file (its PNG charts beside it) for the web page's "
                         "Benchmarks tab and GET /v1/bench")
+    g.add_argument("--no-self-check", dest="self_check", action="store_false", default=d("self_check"),
+                   help="skip the start-up decode self-check (a few decode steps timed against the probed "
+                        "memory bandwidth and logged)")
     g.add_argument("--uvicorn-log-level", default=d("uvicorn_log_level"),
                    choices=["critical", "error", "warning", "info", "debug", "trace"])
 
@@ -40,4 +43,5 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
                         served_model_names=tuple(args.served_model_names or ()),
                         max_queued_requests=args.max_queued_requests, shutdown_timeout=args.shutdown_timeout,
                         max_request_body_mb=args.max_request_body_mb, request_timeout=args.request_timeout,
-                        uvicorn_log_level=args.uvicorn_log_level, bench_results=args.bench_results)
+                        self_check=args.self_check, uvicorn_log_level=args.uvicorn_log_level,
+                        bench_results=args.bench_results)

@@ -74,12 +74,15 @@ class RequestGroup:
 
 class AsyncEngine:
     def __init__(self, config: EngineConfig, max_queued_requests: int | None,
-                 engine_factory: Callable[[EngineConfig], Any] | None = None) -> None:
+                 engine_factory: Callable[[EngineConfig], Any] | None = None, self_check: bool = False) -> None:
         """``max_queued_requests``: admitted sub-requests without output beyond which ``add_group``
-        raises Overloaded (None: no limit); ServerConfig holds its default."""
+        raises Overloaded (None: no limit); ServerConfig holds its default. ``self_check``: time
+        a few decode steps once the model is loaded, before serving (engine/self_check.py)."""
         self.config = config
         self.max_queued_requests = max_queued_requests
         self._factory = engine_factory
+        self._run_self_check = self_check
+        self.self_check: Any = None  # a DecodeSelfCheck once it ran
         self.engine: Any = None
         self.state = "loading"  # loading | ready | failed | stopped
         self.load_error: str | None = None
@@ -232,6 +235,8 @@ class AsyncEngine:
             if self._on_failed is not None:
                 self._post(self._on_failed, self.load_error)
             return
+        if self._run_self_check:
+            self._decode_self_check()
         self._publish_stats()
         self.state = "ready"
         if self._on_ready is not None:
@@ -240,6 +245,16 @@ class AsyncEngine:
             self._loop_forever()
         finally:
             self._abort_all(ShuttingDown, "the server is shutting down")
+
+    def _decode_self_check(self) -> None:
+        from anycore.engine.self_check import decode_self_check
+
+        try:
+            self.self_check = decode_self_check(self.engine)
+        except Exception as e:  # noqa: BLE001 - a check that cannot run must not stop the server
+            log.warning("decode self-check could not run: %s", e)
+            return
+        (log.warning if self.self_check.slow else log.info)("self-check: %s", self.self_check.summary())
 
     def _loop_forever(self) -> None:
         engine = self.engine

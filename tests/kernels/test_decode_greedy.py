@@ -5,7 +5,8 @@ native call (embedding, decoder stack, final norm, logits head, argmax per token
 applies stops afterwards (one step kind: Scheduler.schedule(max_steps), Scheduler.update). Whatever the burst length,
 threads and Llama-family variant, dense or W8A8 (body, head, embedding table: its own int8 rows
 when untied, the int8 head's rows when tied), the outputs, finish reasons and the
-KV pool must equal those of `decode_burst=1`, and a stop inside a burst must leave no slot behind.
+KV pool must equal those of ordinary one-token steps (`decode_burst=0`: forward, logits head
+and sampler), and a stop inside a burst must leave no slot behind.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ def restore_threads():
 def _run(model_dir: str, burst: int, threads: int, quant: dict, params_list):
     llm = LLM(model=model_dir, dtype="bfloat16", kv_cache_gb=0.01, threads=threads, decode_burst=burst, **quant)
     engine = llm.engine
-    if burst > 1 and not engine.runner.native.can_decode_greedy():
+    if burst >= 1 and not engine.runner.native.can_decode_greedy():
         pytest.skip("no native decode burst here (extension unavailable or some op not native)")
     results, steps = [], 0
     for prompt, params in params_list:
@@ -58,28 +59,30 @@ def test_bursts_equal_single_steps(tmp_path, tokenizer, restore_threads, name, q
     write_checkpoint(tmp_path, name, tokenizer)
     runs = [([3 + i % 250 for i in range(40)], SamplingParams(temperature=0, max_tokens=11, ignore_eos=True)),
             ([7, 8, 9], SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))]
-    one, k1, v1, used1, steps1 = _run(str(tmp_path), 1, threads, QUANT[quant], runs)
-    four, k4, v4, used4, steps4 = _run(str(tmp_path), 4, threads, QUANT[quant], runs)
-    assert four == one
-    assert torch.equal(k4, k1) and torch.equal(v4, v1) and used4 == used1
-    assert steps4 < steps1  # the bursts really ran (one step per token without them)
+    one, k1, v1, used1, steps1 = _run(str(tmp_path), 0, threads, QUANT[quant], runs)
+    for burst in (1, 4):
+        many, k, v, used, steps = _run(str(tmp_path), burst, threads, QUANT[quant], runs)
+        assert many == one
+        assert torch.equal(k, k1) and torch.equal(v, v1) and used == used1
+        if burst > 1:
+            assert steps < steps1  # the bursts really ran (one step per token without them)
 
 
-@pytest.mark.parametrize("burst", [3, 8])
+@pytest.mark.parametrize("burst", [1, 3, 8])
 def test_stops_inside_a_burst(tmp_path, tokenizer, restore_threads, burst):
     """A stop token and a stop string in the middle of a burst end the request where single
     steps end it, and the burst's KV slots past the stop are released."""
     write_checkpoint(tmp_path, "llama-untied-llama3-rope", tokenizer)
     prompt = [5 + i for i in range(20)]
     free = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
-    (ref,), *_ = _run(str(tmp_path), 1, 2, {}, [(prompt, free)])
+    (ref,), *_ = _run(str(tmp_path), 0, 2, {}, [(prompt, free)])
     tokens, text, _ = ref
     stop_token = tokens[4]
     first = tokens.index(stop_token)
     stop_text = tokenizer.decode(tokens[6:8]).strip()
     runs = [(prompt, SamplingParams(temperature=0, max_tokens=12, stop_token_ids=[stop_token])),
             (prompt, SamplingParams(temperature=0, max_tokens=12, stop=[stop_text] if stop_text else None))]
-    one, _, _, used1, _ = _run(str(tmp_path), 1, 2, {}, runs)
+    one, _, _, used1, _ = _run(str(tmp_path), 0, 2, {}, runs)
     many, _, _, used_many, _ = _run(str(tmp_path), burst, 2, {}, runs)
     assert many == one
     assert one[0][0] == tokens[: first + 1] and one[0][2] == "stop"

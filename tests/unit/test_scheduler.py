@@ -197,7 +197,7 @@ def _multi(s: Scheduler, max_steps: int):
     multi-step decode, else None."""
     out = s.schedule(max_steps)
     only = out.scheduled[0] if len(out.scheduled) == 1 else None
-    return out, (only if only is not None and only.num_steps > 1 else None)
+    return out, (only if only is not None and only.greedy_native else None)
 
 
 def test_multi_step_decode_for_a_request_decoding_alone():
@@ -263,6 +263,11 @@ def test_multi_step_decode_only_when_alone_decoding_and_plain_greedy():
     _decoding(s3, req("d", 5, max_tokens=100))
     out, b = _multi(s3, 4)
     assert b is None and out.scheduled[0].num_steps == 1
+    # max_steps 1: one token, still one native call (each token streamed as it is made); 0: never
+    s4 = Scheduler(KVCacheManager(100), max_num_batched_tokens=64, max_num_seqs=8)
+    _decoding(s4, req("e", 5, max_tokens=100))
+    assert _multi(s4, 1)[1].num_steps == 1
+    assert _multi(s4, 0)[1] is None
 
 
 def test_a_request_wanting_prompt_logprobs_takes_no_prefix_hit():
@@ -300,4 +305,37 @@ def test_no_multi_step_decode_while_prompt_logprobs_are_missing():
     s.add(r)
     out = s.schedule(max_steps=4)
     s.update(out, {"a": [7]})  # (prompt logprobs not filled in: as if they were lost)
-    assert s.schedule(max_steps=4).scheduled[0].num_steps == 1
+    assert not s.schedule(max_steps=4).scheduled[0].greedy_native
+
+
+def test_a_prompt_sharing_a_prefix_being_prefilled_waits_for_it_instead_of_recomputing_it():
+    s = Scheduler(KVCacheManager(1000), max_num_batched_tokens=128, max_num_seqs=8)
+    shared = list(range(100, 300))  # 200 tokens: a chunk of 128, then 75 with room for more
+    a = Request("a", shared + [1, 2, 3], SamplingParams(max_tokens=4, temperature=0))
+    b = Request("b", shared + [4, 5], SamplingParams(max_tokens=4, temperature=0))
+    other = req("c", 10, base=700)  # unrelated: not held back behind b
+    s.add(a)
+    run_step(s)  # a's first chunk
+    s.add(b)
+    s.add(other)
+    out = run_step(s)
+    assert [x.request.request_id for x in out.scheduled] == ["a", "c"] and list(s.waiting) == [b]
+    while not a.prefill_cached:
+        run_step(s)
+    assert b in s.waiting  # held until a's prompt was published, then admitted with it cached
+    run_step(s)
+    assert b.status.name == "RUNNING" and b.num_cached_tokens >= len(shared)
+    check_slots(s)
+
+
+def test_no_holding_back_without_a_prefix_cache_or_for_a_short_shared_prefix():
+    for cache, n_shared, held in ((False, 200, False), (True, 40, False), (True, 200, True)):
+        s = Scheduler(KVCacheManager(1000, enable_prefix_caching=cache), max_num_batched_tokens=128,
+                      max_num_seqs=8)
+        shared = list(range(100, 100 + n_shared))
+        # a's prompt: 250 tokens, so its second chunk leaves budget for b
+        s.add(Request("a", shared + list(range(500, 750 - n_shared)), SamplingParams(max_tokens=4, temperature=0)))
+        run_step(s)
+        s.add(Request("b", shared + [1], SamplingParams(max_tokens=4, temperature=0)))
+        run_step(s)
+        assert bool(s.waiting) == held
