@@ -139,6 +139,10 @@ class EngineConfig:
             raise ValueError("quantize_embedding needs online quantization (quantization='w8a8_int8')")
 
 
+# the names of server/tool_parsers/'s parsers, plus "auto" (kept here: config imports no server code)
+TOOL_CALL_PARSERS = ("auto", "hermes", "llama3_json")
+
+
 @dataclass(frozen=True)
 class ServerConfig:
     """Everything `anycore serve` needs besides the engine (the CLI's defaults are these)."""
@@ -153,8 +157,12 @@ class ServerConfig:
     max_request_body_mb: float = 4.0  # larger request bodies get 413 (0: no limit)
     request_timeout: float = 600.0  # seconds a request may take end to end (0: no limit); server/limits.py
     uvicorn_log_level: str = "warning"
+    # how tool calls are read from the output (server/tool_parsers/): "auto" picks by the chat template
+    tool_call_parser: str = "auto"
 
     def __post_init__(self) -> None:
+        if self.tool_call_parser not in TOOL_CALL_PARSERS:
+            raise ValueError(f"tool_call_parser must be one of {list(TOOL_CALL_PARSERS)}")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port {self.port} is not in [0, 65535]")
         if self.max_queued_requests is not None and self.max_queued_requests < 1:

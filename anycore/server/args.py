@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from anycore.config import ServerConfig, default_of
+from anycore.config import TOOL_CALL_PARSERS, ServerConfig, default_of
 
 
 def add_server_args(parser: argparse.ArgumentParser) -> None:
@@ -28,6 +28,10 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--request-timeout", type=float, default=d("request_timeout"),
                    help="seconds a request may take end to end before it is aborted (408, or an error event "
                         "in a started stream; 0: no limit; default: %(default)s)")
+    g.add_argument("--tool-call-parser", choices=list(TOOL_CALL_PARSERS), default=d("tool_call_parser"),
+                   help="how tool calls are read from the output: hermes (<tool_call>{json}</tool_call>), "
+                        "llama3_json ({\"name\": .., \"parameters\": ..}), or auto: chosen by the chat template "
+                        "(default: %(default)s)")
     g.add_argument("--uvicorn-log-level", default=d("uvicorn_log_level"),
                    choices=["critical", "error", "warning", "info", "debug", "trace"])
 
@@ -37,4 +41,4 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
                         served_model_names=tuple(args.served_model_names or ()),
                         max_queued_requests=args.max_queued_requests, shutdown_timeout=args.shutdown_timeout,
                         max_request_body_mb=args.max_request_body_mb, request_timeout=args.request_timeout,
-                        uvicorn_log_level=args.uvicorn_log_level)
+                        uvicorn_log_level=args.uvicorn_log_level, tool_call_parser=args.tool_call_parser)
