@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 import torch
 
-from anycore.errors import InvalidParameter
+from anycore.errors import AnycoreError, InvalidParameter
 
 GrammarKind = Literal["json_object", "json_schema", "regex", "choice", "ebnf"]
 _KINDS = ("json_object", "json_schema", "regex", "choice", "ebnf")
@@ -82,6 +82,15 @@ def _choice_regex(choices: list[str]) -> str:
     return "|".join("(" + "".join("\\" + ch if ch in special else ch for ch in c) + ")" for c in choices)
 
 
+def _import_xgrammar() -> Any:
+    try:
+        import xgrammar
+    except ImportError as e:
+        raise AnycoreError("structured output needs the xgrammar package: pip install --no-deps xgrammar "
+                           "apache-tvm-ffi (or make install)") from e
+    return xgrammar
+
+
 def _backend(tokenizer: Any) -> Any:
     """The `tokenizers` object behind anycore's TextTokenizer or a transformers fast tokenizer."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
@@ -109,7 +118,7 @@ class GrammarCompiler:
     def _xgr_compiler(self) -> Any:
         with self._lock:
             if self._compiler is None:
-                import xgrammar as xgr
+                xgr = _import_xgrammar()
 
                 backend = _backend(self.tokenizer)
                 vocab = backend.get_vocab(with_added_tokens=True)
@@ -171,9 +180,7 @@ class GrammarMatcher:
     """One request's position in its grammar."""
 
     def __init__(self, compiled: Any, vocab_size: int, stop_token_ids: list[int]) -> None:
-        import xgrammar as xgr
-
-        self._m = xgr.GrammarMatcher(compiled)
+        self._m = _import_xgrammar().GrammarMatcher(compiled)
         self.vocab_size = vocab_size
         self._words = bitmask_words(vocab_size)
         self._stop = [t for t in stop_token_ids if t < vocab_size]
