@@ -24,6 +24,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import numpy as np
 import torch
 
 from anycore.errors import AnycoreError, InvalidParameter
@@ -217,13 +218,26 @@ def bitmask_words(vocab_size: int) -> int:
     return (vocab_size + 31) // 32
 
 
-_BITS = torch.arange(32, dtype=torch.int32)
-
-
 def allowed_tokens(bitmask: torch.Tensor, width: int) -> torch.Tensor:
-    """``[B, W] int32`` packed bitmask -> ``[B, width]`` bool (True: allowed); ids past the
-    bitmask's ``32 W`` columns (logits wider than the grammar's vocabulary) are not allowed."""
-    bits = ((bitmask[:, :, None] >> _BITS) & 1).bool().reshape(bitmask.shape[0], -1)
-    if bits.shape[1] >= width:
-        return bits[:, :width]
-    return torch.nn.functional.pad(bits, (0, width - bits.shape[1]), value=False)
+    """``[B, W] int32`` packed bitmask -> ``[B, width]`` bool, True where allowed."""
+    return _unpack(bitmask.numpy(), width, pad=False)
+
+
+def banned_tokens(bitmask: torch.Tensor, width: int) -> torch.Tensor:
+    """``[B, width]`` bool, True where the bitmask does not allow the token (the sampler's
+    ``masked_fill`` mask: the words are inverted before unpacking, ~1/32 of the work of
+    inverting the unpacked mask)."""
+    return _unpack(~bitmask.numpy(), width, pad=True)
+
+
+def _unpack(words: np.ndarray, width: int, pad: bool) -> torch.Tensor:
+    """numpy's unpackbits over the bytes of the words as little-endian int32 (byte k of word w
+    then holds tokens 32w + 8k ..): ~0.1 ms for 8 rows of a 49k vocabulary, where shifting in
+    torch took ~100x that. Columns past the bitmask's ``32 W`` (logits wider than the
+    grammar's vocabulary) get ``pad``: those ids are never allowed."""
+    rows = words.shape[0]
+    bits = np.unpackbits(words.astype("<i4", copy=False).view(np.uint8), axis=-1, bitorder="little")
+    out = torch.from_numpy(bits.view(bool).reshape(rows, -1))
+    if out.shape[1] >= width:
+        return out[:, :width]
+    return torch.nn.functional.pad(out, (0, width - out.shape[1]), value=pad)

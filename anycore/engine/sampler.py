@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from anycore.engine.grammar import allowed_tokens, bitmask_words
+from anycore.engine.grammar import banned_tokens, bitmask_words
 from anycore.scheduler.request import Request, TokenLogprob
 
 
@@ -132,7 +132,7 @@ def apply_penalties(logits: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
             if ids:
                 logits[i, ids] = float("-inf")
     if b.bitmask is not None:
-        logits = logits.masked_fill(~allowed_tokens(b.bitmask, vocab), float("-inf"))
+        logits = logits.masked_fill(banned_tokens(b.bitmask, vocab), float("-inf"))
     return logits
 
 

@@ -13,6 +13,7 @@ from anycore.engine.grammar import (  # noqa: E402
     GrammarMatcher,
     StructuredOutput,
     allowed_tokens,
+    banned_tokens,
 )
 from anycore.errors import InvalidParameter  # noqa: E402
 
@@ -103,3 +104,9 @@ def test_allowed_tokens_unpacks_bits_and_pads_wider_logits():
     assert mask[0].nonzero().flatten().tolist() == [0, 2]
     assert mask[1, :64].all() and not mask[1, 64:].any()
     assert allowed_tokens(bm, 40).shape == (2, 40)
+
+
+def test_banned_tokens_is_the_complement_and_bans_the_padding():
+    bm = torch.tensor([[0b101, -1]], dtype=torch.int32)
+    banned = banned_tokens(bm, 70)
+    assert torch.equal(banned[:, :64], ~allowed_tokens(bm, 64)) and banned[0, 64:].all()
