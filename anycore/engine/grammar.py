@@ -29,15 +29,18 @@ import torch
 
 from anycore.errors import AnycoreError, InvalidParameter
 
-GrammarKind = Literal["json_object", "json_schema", "regex", "choice", "ebnf"]
-_KINDS = ("json_object", "json_schema", "regex", "choice", "ebnf")
+GrammarKind = Literal["json_object", "json_schema", "regex", "choice", "ebnf", "structural_tag"]
+_KINDS = ("json_object", "json_schema", "regex", "choice", "ebnf", "structural_tag")
 
 
 @dataclass
 class StructuredOutput:
     """What the output must match: ``kind`` and its ``spec`` (a JSON schema as a dict or JSON
     text, a regex, a list of choices, an EBNF grammar; nothing for json_object). ``param`` names
-    the request field it came from, for errors. ``compiled`` is filled in by
+    the request field it came from, for errors. ``structural_tag``: free text until one of
+    ``spec["triggers"]`` appears, then one of ``spec["tags"]`` (``{"begin", "schema", "end"}``:
+    the begin text, a JSON value matching the schema, the end text), then free text again (how
+    strict tools are enforced under tool_choice "auto"). ``compiled`` is filled in by
     ``GrammarCompiler.compile`` and shared by every sample of a request."""
 
     kind: GrammarKind
@@ -64,11 +67,19 @@ class StructuredOutput:
                     raise InvalidParameter(f"the JSON schema is not valid JSON: {e}", param=self.param) from e
             if not isinstance(self.spec, dict | bool):
                 raise InvalidParameter("the JSON schema must be a JSON object", param=self.param)
+        elif self.kind == "structural_tag":
+            spec = self.spec if isinstance(self.spec, dict) else {}
+            tags, triggers = spec.get("tags"), spec.get("triggers")
+            if (not isinstance(tags, list) or not tags or not isinstance(triggers, list) or not triggers
+                    or not all(isinstance(t, dict) and {"begin", "schema", "end"} <= set(t) for t in tags)
+                    or not all(isinstance(t, str) and t for t in triggers)):
+                raise InvalidParameter("a structural tag needs 'tags' ({begin, schema, end} objects) and 'triggers' "
+                                       "(non-empty strings)", param=self.param)
 
     @property
     def key(self) -> tuple[str, str]:
         """The cache key: the kind and its spec in canonical text."""
-        if self.kind == "json_schema":
+        if self.kind in ("json_schema", "structural_tag"):
             return self.kind, json.dumps(self.spec, sort_keys=True, separators=(",", ":"))
         if self.kind == "choice":
             return self.kind, json.dumps(self.spec)
@@ -76,6 +87,17 @@ class StructuredOutput:
 
 
 _LOCATION = re.compile(r"^\[[^\]]*\]\s+\S+:\d+:\s*")
+
+
+def _compile_structural_tag(compiler: Any, spec: dict[str, Any]) -> Any:
+    import warnings
+
+    import xgrammar as xgr
+
+    tags = [xgr.StructuralTagItem(begin=t["begin"], schema=json.dumps(t["schema"]), end=t["end"]) for t in spec["tags"]]
+    with warnings.catch_warnings():  # (the tags-and-triggers form is the one every 0.x release takes)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return compiler.compile_structural_tag(tags, spec["triggers"])
 
 
 def _choice_regex(choices: list[str]) -> str:
@@ -168,6 +190,8 @@ class GrammarCompiler:
                 return compiler.compile_regex(so.spec)
             if so.kind == "choice":
                 return compiler.compile_regex(_choice_regex(so.spec))
+            if so.kind == "structural_tag":
+                return _compile_structural_tag(compiler, so.spec)
             return compiler.compile_grammar(so.spec)
         except Exception as e:  # noqa: BLE001 - xgrammar raises RuntimeError/ValueError for a bad spec
             text = str(e).strip()

@@ -1,6 +1,7 @@
 """The request fields that constrain the output, turned into one StructuredOutput.
 
-OpenAI's ``response_format`` ({"type": "text" | "json_object" | "json_schema"}), vLLM's
+OpenAI's ``response_format`` ({"type": "text" | "json_object" | "json_schema"}, and vLLM's
+"structural_tag"), vLLM's
 ``guided_json`` / ``guided_regex`` / ``guided_choice`` / ``guided_grammar`` (EBNF) and
 SGLang's ``json_schema`` / ``regex`` / ``ebnf`` (in /generate's sampling_params); a request
 may name at most one. ``logit_bias`` keys arrive as JSON strings and become token ids here.
@@ -30,8 +31,11 @@ class JsonSchemaFormat(_Model):
 
 
 class ResponseFormat(_Model):
-    type: Literal["text", "json_object", "json_schema"]
+    type: Literal["text", "json_object", "json_schema", "structural_tag"]
     json_schema: JsonSchemaFormat | None = None
+    # vLLM's "structural_tag" format: [{"begin", "schema", "end"}] entered after a trigger
+    structures: list[dict[str, Any]] | None = None
+    triggers: list[str] | None = None
 
 
 class GuidedFields(_Model):
@@ -54,6 +58,9 @@ class GuidedFields(_Model):
                                        param="response_format")
             schema = rf.json_schema.schema_ if rf.json_schema.schema_ is not None else {}
             found.append(StructuredOutput("json_schema", schema, param="response_format"))
+        elif rf is not None and rf.type == "structural_tag":
+            found.append(StructuredOutput("structural_tag", {"tags": rf.structures, "triggers": rf.triggers},
+                                          param="response_format"))
         if self.guided_json is not None:
             found.append(StructuredOutput("json_schema", self.guided_json, param="guided_json"))
         if self.guided_regex is not None:

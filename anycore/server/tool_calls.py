@@ -11,7 +11,9 @@ calls and results are written in that format too (a tool result as a user turn i
 choose, and its output is parsed by the model's ToolParser (tool_parsers/); "required" and a
 named function are enforced by the grammar engine: the output is a JSON array of
 ``{"name", "arguments"}`` objects (one of the tools each, arguments matching that tool's
-parameters), or the named function's arguments object, so it always parses.
+parameters), or the named function's arguments object, so it always parses. Under "auto", a
+tool with ``strict: true`` makes any call the model begins follow its tool's schema (an xgrammar
+structural tag triggered by the parser's call marker); its text stays free.
 """
 
 from __future__ import annotations
@@ -92,9 +94,12 @@ class ToolPlan:
     named: str | None = None
     parallel: bool = True
     _schemas: dict[str, dict[str, Any]] = field(default_factory=dict)
+    strict: bool = False  # a tool asked for strict arguments ("auto": enforced by a structural tag)
 
     def structured_output(self) -> StructuredOutput | None:
-        """The grammar that enforces "required" or a named function; None for "auto"."""
+        """The grammar that enforces "required" or a named function, or under "auto" with a
+        strict tool a structural tag: free text, but once a call begins (the parser's trigger)
+        it must name a tool and its arguments must match that tool's schema. None otherwise."""
         if self.mode == "named":
             assert self.named is not None
             return StructuredOutput("json_schema", self._schemas[self.named], param="tool_choice")
@@ -106,10 +111,22 @@ class ToolPlan:
             if not self.parallel:
                 array["maxItems"] = 1
             return StructuredOutput("json_schema", array, param="tool_choice")
+        if self.strict:
+            p = self.parser
+            tags = [{"begin": p.strict_begin(name), "schema": schema, "end": p.strict_end}
+                    for name, schema in self._schemas.items()]
+            return StructuredOutput("structural_tag", {"tags": tags, "triggers": [p.strict_trigger]}, param="tools")
         return None
 
     def parse(self, text: str) -> ParsedOutput:
-        """The calls in a finished output (its text when it holds none)."""
+        """The calls in a finished output (its text when it holds none); only the first one
+        without parallel_tool_calls."""
+        parsed = self._parse(text)
+        if not self.parallel:
+            parsed.calls = parsed.calls[:1]
+        return parsed
+
+    def _parse(self, text: str) -> ParsedOutput:
         if self.mode == "named":
             assert self.named is not None
             try:
@@ -192,7 +209,7 @@ class ToolStreamer:
             parsed = plan.parse(self.text)
             return [], _reason(finish_reason) if parsed.calls else finish_reason
         rest = self.text[self.sent:]
-        parsed = plan.parse(rest) if plan.mode == "required" else plan.parser.parse(rest)
+        parsed = plan.parse(rest)
         if not parsed.calls:
             return ([{"content": rest}] if rest else []), finish_reason
         out = [{"content": parsed.content}] if parsed.content else []
@@ -239,12 +256,13 @@ def plan_tools(body: ChatCompletionRequest, parser_name: str | None, template: s
         mode: Mode = "named"
     else:
         mode = "required" if choice == "required" else "auto"
-    if mode != "auto" and body.structured_output() is not None:
-        raise InvalidParameter("a required or named tool_choice cannot be combined with another output constraint",
-                               param="response_format")
+    strict = any(t.function.strict for t in tools)
+    if (mode != "auto" or strict) and body.structured_output() is not None:
+        raise InvalidParameter("a required or named tool_choice, or a strict tool, cannot be combined with "
+                               "another output constraint", param="response_format")
     return ToolPlan([t.model_dump(exclude_none=True) for t in tools], mode, choose_parser(parser_name, template),
                     choice.function.name if isinstance(choice, NamedToolChoice) else None,
-                    body.parallel_tool_calls, schemas)
+                    body.parallel_tool_calls, schemas, strict)
 
 
 def _choice_text(choice: Any) -> str:

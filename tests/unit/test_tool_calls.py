@@ -150,3 +150,35 @@ def test_llama3_parser_plan_reads_json_output():
     assert p.parser.name == "llama3_json" and choose_parser("llama3_json", None).name == "llama3_json"
     msg, reason = p.message('{"name": "get_weather", "parameters": {"city": "Kyiv"}}', "stop")
     assert reason == "tool_calls" and msg["tool_calls"][0]["function"]["name"] == "get_weather"
+
+
+def test_parallel_tool_calls_false_keeps_the_first_call():
+    p = plan(tools=[WEATHER, TIME], parallel_tool_calls=False)
+    text = ('<tool_call>{"name": "get_time", "arguments": {}}</tool_call>'
+            '<tool_call>{"name": "get_weather", "arguments": {"city": "Rome"}}</tool_call>')
+    assert [c["function"]["name"] for c in p.message(text, "stop")[0]["tool_calls"]] == ["get_time"]
+
+
+STRICT = {"type": "function", "function": {**WEATHER["function"], "strict": True}}
+
+
+def test_a_strict_tool_under_auto_constrains_only_the_calls(tokenizer):
+    pytest.importorskip("xgrammar")
+    from anycore.engine.grammar import GrammarCompiler, GrammarMatcher
+
+    so = plan(tools=[STRICT, TIME]).structured_output()
+    assert so.kind == "structural_tag" and so.param == "tools"
+    compiler = GrammarCompiler(tokenizer, len(tokenizer), [tokenizer.eos_token_id])
+    compiled = compiler.compile(so)
+
+    def accepts(text: str) -> bool:
+        m = GrammarMatcher(compiled, len(tokenizer), [tokenizer.eos_token_id])
+        return all(m.accept(t) for t in tokenizer.encode(text, add_special_tokens=False))
+
+    assert accepts("Any free text first. ")
+    assert accepts('Sure. <tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>')
+    assert not accepts('<tool_call>\n{"name": "get_weather", "arguments": {"town": 1}}')
+    assert not accepts('<tool_call>\n{"name": "launch_rockets", "arguments": {}}')
+    with pytest.raises(InvalidParameter) as e:
+        plan_tools(body(tools=[STRICT], guided_regex="a"), "auto", None)
+    assert e.value.param == "response_format"

@@ -27,6 +27,13 @@ class ToolParser:
 
     name: str = ""
     start_markers: tuple[str, ...] = ()
+    # strict tools under tool_choice "auto": after ``strict_trigger`` the output must be
+    # ``strict_begin(name)`` + arguments matching the tool's schema + ``strict_end``
+    strict_trigger: str = ""
+    strict_end: str = ""
+
+    def strict_begin(self, name: str) -> str:
+        raise NotImplementedError
 
     def parse(self, text: str) -> ParsedOutput:
         raise NotImplementedError

@@ -15,6 +15,11 @@ _BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
 class HermesToolParser(ToolParser):
     name = "hermes"
     start_markers = ("<tool_call>",)
+    strict_trigger = "<tool_call>"
+    strict_end = "}\n</tool_call>"
+
+    def strict_begin(self, name: str) -> str:
+        return '<tool_call>\n{"name": ' + json.dumps(name) + ', "arguments": '
 
     def parse(self, text: str) -> ParsedOutput:
         if "<tool_call>" not in text:

@@ -14,6 +14,11 @@ _TAG = "<|python_tag|>"
 class Llama3JsonToolParser(ToolParser):
     name = "llama3_json"
     start_markers = (_TAG, "{")
+    strict_trigger = '{"name": '
+    strict_end = "}"
+
+    def strict_begin(self, name: str) -> str:
+        return '{"name": ' + json.dumps(name) + ', "parameters": '
 
     def call_start(self, text: str, start: int) -> int | None:
         """Only the whole output is a call: it starts one when its first non-space text does."""
