@@ -194,8 +194,11 @@ async def chat_completions(body: ChatCompletionRequest, request: Request,
                     break
                 i = out.index
                 if streamers is not None:  # tool calls: deltas from the choice's ToolStreamer
-                    for delta in streamers[i].feed(out.delta_text):
-                        yield chunk([{"index": i, "delta": delta, "logprobs": None, "finish_reason": None}])
+                    deltas = streamers[i].feed(out.delta_text)
+                    lp = _chat_logprobs(ctx, out.new_logprobs) if want_lp and out.new_logprobs else None
+                    for k, delta in enumerate(deltas or ([{}] if lp else [])):
+                        yield chunk([{"index": i, "delta": delta, "logprobs": lp if k == 0 else None,
+                                      "finish_reason": None}])
                 elif out.delta_text or (want_lp and out.new_logprobs):
                     yield chunk([{"index": i, "delta": {"content": out.delta_text},
                                   "logprobs": _chat_logprobs(ctx, out.new_logprobs) if want_lp else None,
