@@ -149,8 +149,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request,
         raise InvalidRequest("top_logprobs requires logprobs=true", param="top_logprobs")
     params = body.to_sampling_params(max_tokens, (body.top_logprobs or 0) if body.logprobs else None)
     tools = plan_tools(body, ctx.config.tool_call_parser, ctx.chat_template)
-    if tools is not None and tools.structured_output() is not None:
-        params.structured_output = tools.structured_output()
+    if tools is not None:  # "required", a named function or a strict tool: their grammar
+        params.structured_output = tools.structured_output() or params.structured_output
     ids = ctx.encode_chat(body.messages, body.add_generation_prompt, tools.tools if tools else None)
     job = _job(ctx, f"chatcmpl-{uuid.uuid4().hex}", model, [ids], params, body, "messages")
     await ctx.compile_grammar(params)
