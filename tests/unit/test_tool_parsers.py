@@ -59,3 +59,12 @@ def test_the_parser_is_chosen_by_flag_or_by_template():
     assert choose_parser("auto", "{{ '<|python_tag|>' }} ipython").name == "llama3_json"
     assert choose_parser("auto", "{% if tools %}<tool_call>{% endif %}").name == "hermes"
     assert choose_parser(None, None).name == "hermes"  # anycore's own tools block is Hermes style
+
+
+def test_every_parser_is_a_tool_call_parser_choice():
+    from anycore.config import TOOL_CALL_PARSERS, ServerConfig
+    from anycore.server.tool_parsers import PARSERS
+
+    assert set(TOOL_CALL_PARSERS) == {"auto", *PARSERS}
+    with pytest.raises(ValueError, match="tool_call_parser"):
+        ServerConfig(tool_call_parser="mistral")
