@@ -47,6 +47,7 @@ class StructuredOutput:
     spec: Any = None
     param: str = "response_format"
     compiled: Any = field(default=None, compare=False, repr=False)
+    compiled_by: Any = field(default=None, compare=False, repr=False)  # the GrammarCompiler (its vocabulary)
 
     def __post_init__(self) -> None:
         if self.kind not in _KINDS:
@@ -161,7 +162,7 @@ class GrammarCompiler:
     def compile(self, so: StructuredOutput) -> Any:
         """The compiled grammar of ``so`` (cached; also stored on ``so.compiled``); raises
         InvalidParameter naming ``so.param`` when the spec does not compile."""
-        if so.compiled is not None:
+        if so.compiled is not None and so.compiled_by is self:
             return so.compiled
         key = so.key
         with self._lock:
@@ -176,7 +177,7 @@ class GrammarCompiler:
                 self._cache[key] = hit
                 while len(self._cache) > self.cache_size:
                     self._cache.popitem(last=False)
-        so.compiled = hit
+        so.compiled, so.compiled_by = hit, self
         return hit
 
     def _compile(self, so: StructuredOutput) -> Any:

@@ -96,7 +96,7 @@ class ServerContext:
         thread) into the engine's LRU; the engine then only makes the request's matcher.
         Raises InvalidParameter naming the field when it does not compile."""
         so = params.structured_output
-        if so is not None and so.compiled is None:
+        if so is not None:
             await asyncio.to_thread(self.engine.engine.grammar.compile, so)
 
     def token_text(self, token_id: int) -> str:

@@ -110,3 +110,10 @@ def test_banned_tokens_is_the_complement_and_bans_the_padding():
     bm = torch.tensor([[0b101, -1]], dtype=torch.int32)
     banned = banned_tokens(bm, 70)
     assert torch.equal(banned[:, :64], ~allowed_tokens(bm, 64)) and banned[0, 64:].all()
+
+
+def test_a_spec_compiled_for_another_vocabulary_is_compiled_again(compiler):
+    so = StructuredOutput("regex", "a+")
+    first = compiler.compile(so)
+    other = GrammarCompiler(WordTokenizer(), VOCAB, [0])
+    assert other.compile(so) is not first and so.compiled_by is other
