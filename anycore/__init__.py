@@ -9,9 +9,10 @@ import os
 # before torch is imported; set MKL_DISABLE_FAST_MM=0 to keep MKL's default.
 os.environ.setdefault("MKL_DISABLE_FAST_MM", "1")
 
+from anycore.engine.grammar import StructuredOutput  # noqa: E402
 from anycore.llm import LLM  # noqa: E402
 from anycore.outputs import CompletionOutput, RequestOutput  # noqa: E402
 from anycore.sampling_params import SamplingParams  # noqa: E402
 
-__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput"]
+__all__ = ["LLM", "SamplingParams", "StructuredOutput", "RequestOutput", "CompletionOutput"]
 __version__ = "0.1.0"

@@ -141,6 +141,10 @@ class EngineConfig:
             raise ValueError("quantize_embedding needs online quantization (quantization='w8a8_int8')")
 
 
+# the names of server/tool_parsers/'s parsers, plus "auto" (kept here: config imports no server code)
+TOOL_CALL_PARSERS = ("auto", "hermes", "llama3_json")
+
+
 @dataclass(frozen=True)
 class ServerConfig:
     """Everything `anycore serve` needs besides the engine (the CLI's defaults are these)."""
@@ -160,8 +164,12 @@ class ServerConfig:
     uvicorn_log_level: str = "warning"
     # an `anycore bench compare --json` file the web page shows (GET /v1/bench); None: no Benchmarks tab
     bench_results: str | None = None
+    # how tool calls are read from the output (server/tool_parsers/): "auto" picks by the chat template
+    tool_call_parser: str = "auto"
 
     def __post_init__(self) -> None:
+        if self.tool_call_parser not in TOOL_CALL_PARSERS:
+            raise ValueError(f"tool_call_parser must be one of {list(TOOL_CALL_PARSERS)}")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port {self.port} is not in [0, 65535]")
         if self.max_queued_requests is not None and self.max_queued_requests < 1:

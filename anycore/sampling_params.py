@@ -5,9 +5,13 @@ An out-of-range value raises InvalidParameter (a ValueError) naming the field.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
+from anycore.engine.grammar import StructuredOutput
 from anycore.errors import InvalidParameter
+
+_INT64 = 1 << 63
 
 
 @dataclass
@@ -34,6 +38,11 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    # token id -> value added to its logit before sampling (OpenAI's [-100, 100]); the ids are
+    # checked against the vocabulary by the InputProcessor
+    logit_bias: dict[int, float] | None = None
+    # a grammar the output must match (JSON schema, any JSON, regex, choices, EBNF)
+    structured_output: StructuredOutput | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -79,5 +88,16 @@ class SamplingParams:
             raise bad("prompt_logprobs", "must be in [0, 20]")
         if any(not isinstance(s, str) or not s for s in self.stop):  # type: ignore[union-attr]
             raise bad("stop", "stop strings must be non-empty strings")
-        if self.seed is not None and not isinstance(self.seed, int):
-            raise bad("seed", "must be an integer")
+        if self.seed is not None and (not isinstance(self.seed, int) or not -_INT64 <= self.seed < _INT64):
+            raise bad("seed", "must be an integer that fits in a signed 64-bit integer")
+        if self.logit_bias is not None:
+            if not isinstance(self.logit_bias, dict):
+                raise bad("logit_bias", "must map token ids to values")
+            for tid, value in self.logit_bias.items():
+                if not isinstance(tid, int) or isinstance(tid, bool):
+                    raise bad("logit_bias", f"token id {tid!r} is not an integer")
+                if (not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value)
+                        or not -100.0 <= value <= 100.0):
+                    raise bad("logit_bias", f"the value for token {tid} must be a number in [-100, 100]")
+        if self.structured_output is not None and not isinstance(self.structured_output, StructuredOutput):
+            raise bad("structured_output", "must be a StructuredOutput")

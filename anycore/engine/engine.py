@@ -16,6 +16,7 @@ from tqdm import tqdm
 from anycore.cache.manager import KVCacheManager
 from anycore.config import EngineConfig, parse_dtype
 from anycore.engine.detokenizer import IncrementalDetokenizer
+from anycore.engine.grammar import GrammarCompiler, GrammarMatcher
 from anycore.engine.prompt_logprobs import merge_prompt_logprobs
 from anycore.engine.runner import KVPool, ModelRunner
 from anycore.engine.thread_governor import ThreadGovernor
@@ -115,6 +116,9 @@ class Engine:
         if getattr(self.tokenizer, "eos_token_id", None) is not None:
             eos.add(self.tokenizer.eos_token_id)
         self.eos_token_ids = frozenset(eos)
+        # structured output's compiler for this vocabulary (xgrammar loads on first use); the
+        # server compiles on its worker threads through it, the engine thread only makes matchers
+        self.grammar = GrammarCompiler(self.tokenizer, mc.vocab_size, sorted(eos))
         self._requests: dict[str, Request] = {}  # unfinished requests; each carries its detokenizer
         self._ids = itertools.count()
         self.kv_cache_gb = kv_gb
@@ -143,6 +147,9 @@ class Engine:
         )
         if params.seed is not None:
             req.generator = torch.Generator().manual_seed(params.seed)
+        if params.structured_output is not None:  # (the server compiled it already: a no-op then)
+            compiled = self.grammar.compile(params.structured_output)
+            req.grammar = GrammarMatcher(compiled, self.grammar.vocab_size, self.grammar.stop_token_ids)
         self.scheduler.add(req)
         self._requests[rid] = req
         return rid

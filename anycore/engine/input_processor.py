@@ -68,9 +68,10 @@ class InputProcessor:
     def encode_text(self, text: str, add_special_tokens: bool = True, param: str = "prompt") -> list[int]:
         return list(self.tokenizer.encode(_unicode(text, param), add_special_tokens=add_special_tokens))
 
-    def encode_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool = True,
-                    param: str = "messages") -> list[int]:
-        """The model's chat template applied to one conversation, as token ids."""
+    def encode_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                    param: str = "messages", tools: list[dict[str, Any]] | None = None) -> list[int]:
+        """The model's chat template applied to one conversation (and ``tools``, for a template
+        that renders them), as token ids."""
         if not messages:
             raise InvalidRequest("messages is empty", param=param)
         if getattr(self.tokenizer, "chat_template", None) is None:
@@ -79,8 +80,9 @@ class InputProcessor:
             if isinstance(m.get("content"), str):
                 _unicode(m["content"], param)
         try:
+            extra = {"tools": tools} if tools else {}
             ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
-                                                     tokenize=True)
+                                                     tokenize=True, **extra)
         except Exception as e:  # noqa: BLE001 - template errors (e.g. role order) are the caller's input
             raise InvalidRequest(f"the chat template rejected these messages: {e}", param=param) from e
         if isinstance(ids, dict) or hasattr(ids, "input_ids"):  # transformers >= 5 returns an encoding
@@ -141,6 +143,10 @@ class InputProcessor:
         if bad:
             raise InvalidParameter(f"stop_token_ids must be integers in [0, {self.vocab_size}); got {bad[0]}",
                                    param="stop_token_ids")
+        bias = [t for t in params.logit_bias or {} if not 0 <= t < self.vocab_size]
+        if bias:
+            raise InvalidParameter(f"logit_bias token ids must be in [0, {self.vocab_size}); got {bias[0]}",
+                                   param="logit_bias")
         if params.top_k >= self.vocab_size:
             params = dataclasses.replace(params, top_k=0)
         return params

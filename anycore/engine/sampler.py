@@ -1,8 +1,10 @@
-"""Batched sampling: penalties, temperature, top-k/top-p/min-p, seeded draws, logprobs.
+"""Batched sampling: logit bias, penalties, grammar masks, temperature, top-k/top-p/min-p,
+seeded draws, logprobs.
 
 Everything is one tensor op over the batch; the only per-row work is drawing noise for rows
 with their own seed (each from its own generator, so a seeded request's tokens do not depend
-on what else is in the batch).
+on what else is in the batch) and each grammar row's matcher filling its row of the packed
+bitmask (rows without a grammar allow every token, so they share the batch unchanged).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from anycore.engine.grammar import banned_tokens, bitmask_words
 from anycore.scheduler.request import Request, TokenLogprob
 
 
@@ -30,6 +33,10 @@ class SamplingBatch:
     generators: list[torch.Generator | None]
     all_greedy: bool
     num_logprobs: list[int | None]
+    # logit_bias of every row as (rows, token ids, values): one index_put over the batch
+    bias: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+    # [B, ceil(V/32)] int32 packed bitmask of allowed tokens (-1: every token) when a row has a grammar
+    bitmask: torch.Tensor | None = None
 
     @classmethod
     def from_requests(cls, reqs: list[Request]) -> SamplingBatch:
@@ -61,7 +68,33 @@ class SamplingBatch:
             generators=[r.generator for r in reqs],
             all_greedy=all(p.temperature == 0.0 for p in ps),
             num_logprobs=[p.logprobs for p in ps],
+            bias=_bias(ps),
+            bitmask=_grammar_bitmask(reqs),
         )
+
+
+def _bias(ps) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    if not any(p.logit_bias for p in ps):
+        return None
+    rows, ids, values = [], [], []
+    for i, p in enumerate(ps):
+        for tid, v in (p.logit_bias or {}).items():
+            rows.append(i)
+            ids.append(tid)
+            values.append(float(v))
+    return (torch.tensor(rows, dtype=torch.long), torch.tensor(ids, dtype=torch.long),
+            torch.tensor(values, dtype=torch.float32))
+
+
+def _grammar_bitmask(reqs: list[Request]) -> torch.Tensor | None:
+    grammars = [(i, r.grammar) for i, r in enumerate(reqs) if r.grammar is not None]
+    if not grammars:
+        return None
+    vocab = grammars[0][1].vocab_size
+    bitmask = torch.full((len(reqs), bitmask_words(vocab)), -1, dtype=torch.int32)
+    for i, g in grammars:
+        g.fill_bitmask(bitmask, i)
+    return bitmask
 
 
 def _pad(rows: list[list[int]]) -> torch.Tensor:
@@ -81,7 +114,11 @@ def _token_counts(ids: torch.Tensor, vocab: int) -> torch.Tensor:
 
 
 def apply_penalties(logits: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
+    """Logit bias, then penalties and bans, then the grammar mask (last, so nothing re-allows
+    a token the grammar rules out)."""
     vocab = logits.shape[1]
+    if b.bias is not None:
+        logits = logits.index_put(b.bias[:2], b.bias[2].to(logits.dtype), accumulate=True)
     if b.repetition is not None:
         seen = _token_counts(b.context_ids, vocab) > 0
         rep = b.repetition[:, None]
@@ -94,6 +131,8 @@ def apply_penalties(logits: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
         for i, ids in enumerate(b.ban_ids):
             if ids:
                 logits[i, ids] = float("-inf")
+    if b.bitmask is not None:
+        logits = logits.masked_fill(banned_tokens(b.bitmask, vocab), float("-inf"))
     return logits
 
 

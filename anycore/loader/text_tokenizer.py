@@ -105,6 +105,11 @@ class TextTokenizer:
         # tokenizer.json's post-processor is used as written: transformers 5 does the same even
         # when the config names add_bos_token (tests check both agree with such configs)
 
+    @property
+    def backend_tokenizer(self) -> Tokenizer:
+        """The `tokenizers` object (transformers' name for it), for structured output's vocabulary."""
+        return self._tok
+
     def _id(self, token: str | None) -> int | None:
         return None if token is None else self._tok.token_to_id(token)
 

@@ -53,6 +53,9 @@ class Request:
     # the output's incremental detokenizer (engine/detokenizer.py): ``add(ids)`` and ``stopped``
     # when a stop string completed; fed by check_stop, token by token; None: no stop strings
     detokenizer: Any = None
+    # the request's GrammarMatcher (engine/grammar.py) when its output must match a grammar: the
+    # sampler masks with it, check_stop advances it past every kept token
+    grammar: Any = None
 
     def __post_init__(self) -> None:
         if not self.all_token_ids:
@@ -92,16 +95,24 @@ class Request:
     @property
     def plain_greedy(self) -> bool:
         """Greedy, and nothing reads the logits beyond their argmax: no penalty, no logprobs, no
-        EOS ban (before min_tokens)."""
+        EOS ban (before min_tokens), no logit bias, no grammar. Only such requests may take the
+        multi-step native decode, which never goes through the sampler."""
         p = self.params
         return (p.temperature == 0.0 and p.logprobs is None and p.repetition_penalty == 1.0
-                and p.frequency_penalty == 0.0 and p.presence_penalty == 0.0 and self.num_output_tokens >= p.min_tokens)
+                and p.frequency_penalty == 0.0 and p.presence_penalty == 0.0 and self.num_output_tokens >= p.min_tokens
+                and not p.logit_bias and self.grammar is None)
 
     def check_stop(self) -> str | None:
         """Finish reason after the newest token, or None to keep going: the token rules, then
         stop strings (the newest token goes to the detokenizer either way, so the text of a
-        request stopped by a token includes what that token decodes to)."""
+        request stopped by a token includes what that token decodes to). A grammar advances
+        past the token first; one at its end (a complete match only a stop token may follow, or
+        a token it cannot take, which the sampler's mask rules out) ends the request with "stop"."""
         reason = self._token_stop()
+        if self.grammar is not None:
+            accepted = self.grammar.accept(self.output_token_ids[-1])
+            if reason is None and (not accepted or self.grammar.at_end):
+                reason = "stop"
         if self.detokenizer is not None:
             self.detokenizer.add(self.output_token_ids[-1:])
             if reason is None and self.detokenizer.stopped:

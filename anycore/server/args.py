@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from anycore.config import ServerConfig, default_of
+from anycore.config import TOOL_CALL_PARSERS, ServerConfig, default_of
 
 
 def add_server_args(parser: argparse.ArgumentParser) -> None:
@@ -34,6 +34,10 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--no-self-check", dest="self_check", action="store_false", default=d("self_check"),
                    help="skip the start-up decode self-check (a few decode steps timed against the probed "
                         "memory bandwidth and logged)")
+    g.add_argument("--tool-call-parser", choices=list(TOOL_CALL_PARSERS), default=d("tool_call_parser"),
+                   help="how tool calls are read from the output: hermes (<tool_call>{json}</tool_call>), "
+                        "llama3_json ({\"name\": .., \"parameters\": ..}), or auto: chosen by the chat template "
+                        "(default: %(default)s)")
     g.add_argument("--uvicorn-log-level", default=d("uvicorn_log_level"),
                    choices=["critical", "error", "warning", "info", "debug", "trace"])
 
@@ -44,4 +48,4 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
                         max_queued_requests=args.max_queued_requests, shutdown_timeout=args.shutdown_timeout,
                         max_request_body_mb=args.max_request_body_mb, request_timeout=args.request_timeout,
                         self_check=args.self_check, uvicorn_log_level=args.uvicorn_log_level,
-                        bench_results=args.bench_results)
+                        bench_results=args.bench_results, tool_call_parser=args.tool_call_parser)

@@ -9,15 +9,17 @@ import hmac
 import time
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from fastapi import Request
 
 from anycore.config import ServerConfig
 from anycore.engine.input_processor import EngineRequest, InputProcessor
 from anycore.errors import ModelNotFound, NotReady, Unauthorized
+from anycore.sampling_params import SamplingParams
 from anycore.server.async_engine import AsyncEngine, RequestGroup
 from anycore.server.protocol import ChatMessage
+from anycore.server.tool_calls import prepare_messages
 
 T = TypeVar("T")
 
@@ -76,8 +78,26 @@ class ServerContext:
             raise Unauthorized("Incorrect or missing API key; send 'Authorization: Bearer <key>'.")
 
     # ---- tokens --------------------------------------------------------------------------
-    def encode_chat(self, messages: list[ChatMessage], add_generation_prompt: bool = True) -> list[int]:
-        return self.require_ready().encode_chat([m.for_template() for m in messages], add_generation_prompt)
+    def encode_chat(self, messages: list[ChatMessage], add_generation_prompt: bool = True,
+                    tools: list[dict[str, Any]] | None = None) -> list[int]:
+        """The conversation through the chat template; tool calls, tool results and ``tools``
+        written the way this template takes them (server/tool_calls.py)."""
+        inputs = self.require_ready()
+        convo, tools = prepare_messages([m.for_template() for m in messages], tools,
+                                        getattr(inputs.tokenizer, "chat_template", None))
+        return inputs.encode_chat(convo, add_generation_prompt, tools=tools)
+
+    @property
+    def chat_template(self) -> str | None:
+        return getattr(self.require_ready().tokenizer, "chat_template", None)
+
+    async def compile_grammar(self, params: SamplingParams) -> None:
+        """Compiles ``params``' grammar on a worker thread (not the event loop, not the engine
+        thread) into the engine's LRU; the engine then only makes the request's matcher.
+        Raises InvalidParameter naming the field when it does not compile."""
+        so = params.structured_output
+        if so is not None:
+            await asyncio.to_thread(self.engine.engine.grammar.compile, so)
 
     def token_text(self, token_id: int) -> str:
         text = self._token_text.get(token_id)

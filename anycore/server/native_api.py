@@ -39,8 +39,10 @@ async def generate(body: GenerateRequest, request: Request, ctx: Ctx) -> Respons
     ids = inputs.encode_text(body.text) if body.text is not None else list(body.input_ids or [])
     params = body.sampling_params.to_sampling_params()
     rid = body.rid or f"gen-{uuid.uuid4().hex}"
-    group = ctx.submit(inputs.process(rid, [ids], params, param="input_ids" if body.text is None else "text",
-                                      completion_must_fit=True))
+    requests = inputs.process(rid, [ids], params, param="input_ids" if body.text is None else "text",
+                              completion_must_fit=True)
+    await ctx.compile_grammar(params)
+    group = ctx.submit(requests)
     want_lp = params.logprobs is not None
 
     def lps(out) -> list[list[Any]]:

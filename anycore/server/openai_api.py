@@ -27,6 +27,7 @@ from anycore.server.async_engine import RequestGroup
 from anycore.server.context import ClientGone, ServerContext, until_disconnect
 from anycore.server.errors import sse_error
 from anycore.server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+from anycore.server.tool_calls import plan_tools
 from anycore.server.usage import UsageCounter, usage_dict
 
 
@@ -148,19 +149,28 @@ async def chat_completions(body: ChatCompletionRequest, request: Request,
     if body.top_logprobs is not None and not body.logprobs:
         raise InvalidRequest("top_logprobs requires logprobs=true", param="top_logprobs")
     params = body.to_sampling_params(max_tokens, (body.top_logprobs or 0) if body.logprobs else None)
-    ids = ctx.encode_chat(body.messages, body.add_generation_prompt)
+    tools = plan_tools(body, ctx.config.tool_call_parser, ctx.chat_template)
+    if tools is not None:  # "required", a named function or a strict tool: their grammar
+        params.structured_output = tools.structured_output() or params.structured_output
+    ids = ctx.encode_chat(body.messages, body.add_generation_prompt, tools.tools if tools else None)
     job = _job(ctx, f"chatcmpl-{uuid.uuid4().hex}", model, [ids], params, body, "messages")
+    await ctx.compile_grammar(params)
     want_lp = body.logprobs
+
+    def message(c: _Choice) -> tuple[dict[str, Any], str | None]:
+        text = "".join(c.text)
+        return tools.message(text, c.finish_reason) if tools else ({"role": "assistant", "content": text},
+                                                                   c.finish_reason)
 
     def build(choices: list[_Choice], cached: int) -> dict[str, Any]:
         return {
             "id": job.rid, "object": "chat.completion", "created": job.created, "model": job.model,
             "choices": [{
                 "index": i,
-                "message": {"role": "assistant", "content": "".join(c.text)},
+                "message": msg,
                 "logprobs": _chat_logprobs(ctx, c.logprobs) if want_lp else None,
-                "finish_reason": c.finish_reason,
-            } for i, c in enumerate(choices)],
+                "finish_reason": reason,
+            } for i, c in enumerate(choices) for msg, reason in [message(c)]],
             "usage": _usage(job, sum(c.num_output_tokens for c in choices), cached),
             "system_fingerprint": None,
             # vLLM: on the response (one prompt); the first sample's (every sample has the same)
@@ -186,20 +196,32 @@ async def chat_completions(body: ChatCompletionRequest, request: Request,
                 yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                               "finish_reason": None}])
             completion_tokens, cached = 0, 0
+            streamers = [tools.streamer() for _ in range(job.num_choices)] if tools else None
             async for out in group:
                 if out.error is not None:
                     yield sse_error(out.error)
                     break
                 i = out.index
                 counter.add(out)
-                if out.delta_text or (want_lp and out.new_logprobs):
+                if streamers is not None:  # tool calls: deltas from the choice's ToolStreamer
+                    deltas = streamers[i].feed(out.delta_text)
+                    lp = _chat_logprobs(ctx, out.new_logprobs) if want_lp and out.new_logprobs else None
+                    for k, delta in enumerate(deltas or ([{}] if lp else [])):
+                        yield chunk([{"index": i, "delta": delta, "logprobs": lp if k == 0 else None,
+                                      "finish_reason": None}])
+                elif out.delta_text or (want_lp and out.new_logprobs):
                     yield chunk([{"index": i, "delta": {"content": out.delta_text},
                                   "logprobs": _chat_logprobs(ctx, out.new_logprobs) if want_lp else None,
                                   "finish_reason": None}])
                 if out.finished:
                     completion_tokens += out.num_output_tokens
                     cached = out.num_cached_tokens
-                    yield chunk([{"index": i, "delta": {}, "logprobs": None, "finish_reason": out.finish_reason}])
+                    reason = out.finish_reason
+                    if streamers is not None:
+                        deltas, reason = streamers[i].finish(reason)
+                        for delta in deltas:
+                            yield chunk([{"index": i, "delta": delta, "logprobs": None, "finish_reason": None}])
+                    yield chunk([{"index": i, "delta": {}, "logprobs": None, "finish_reason": reason}])
             else:
                 if job.include_usage:
                     yield chunk([], _usage(job, completion_tokens, cached))
@@ -227,6 +249,7 @@ async def completions(body: CompletionRequest, request: Request,
     raw_prompts = inputs.split_prompts(body.prompt)
     prompts = [inputs.encode_prompt(p) for p in raw_prompts]
     job = _job(ctx, f"cmpl-{uuid.uuid4().hex}", model, prompts, params, body, "prompt")
+    await ctx.compile_grammar(params)
     want_lp = body.logprobs is not None
     num_top = body.logprobs or 0
     # the echoed text: a text prompt as sent, a token-id prompt decoded

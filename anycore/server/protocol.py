@@ -6,12 +6,14 @@ everything else is checked by ``SamplingParams.validate`` when ``to_sampling_par
 
 from __future__ import annotations
 
-from typing import Literal
+import json
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from anycore.errors import InvalidRequest
+from anycore.errors import InvalidParameter, InvalidRequest
 from anycore.sampling_params import SamplingParams
+from anycore.server.structured import GuidedFields, logit_bias_ids, sglang_structured_output
 
 
 class _Model(BaseModel):
@@ -23,8 +25,9 @@ class StreamOptions(_Model):
     continuous_usage_stats: bool = False  # vLLM: usage (running counts) on every chunk; needs include_usage
 
 
-class SamplingFields(_Model):
-    """Fields shared by /v1/chat/completions and /v1/completions."""
+class SamplingFields(GuidedFields):
+    """Fields shared by /v1/chat/completions and /v1/completions (with the structured-output
+    ones of GuidedFields: response_format, guided_json/regex/choice/grammar)."""
 
     model: str | None = None
     n: int = Field(1, ge=1, le=64)
@@ -50,6 +53,7 @@ class SamplingFields(_Model):
     # vLLM: each prompt token's logprob plus the top-k at its position, returned as
     # ``prompt_logprobs`` (per choice on completions, on the response for chat)
     prompt_logprobs: int | None = Field(None, ge=0, le=20)
+    logit_bias: dict[str, Any] | None = None
 
     def to_sampling_params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
         """OpenAI's unset temperature/top_p/top_k mean 1, 1 and off; raises InvalidParameter."""
@@ -72,6 +76,8 @@ class SamplingFields(_Model):
             prompt_logprobs=self.prompt_logprobs,
             skip_special_tokens=self.skip_special_tokens,
             include_stop_str_in_output=self.include_stop_str_in_output,
+            logit_bias=logit_bias_ids(self.logit_bias),
+            structured_output=self.structured_output(),
         )
 
 
@@ -80,22 +86,80 @@ class TextPart(_Model):
     text: str | None = None
 
 
+class FunctionCall(_Model):
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class ToolCallIn(_Model):
+    """A tool call of an earlier assistant turn, sent back in ``messages``."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(_Model):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCallIn] | None = None  # assistant turns that called tools
+    tool_call_id: str | None = None  # role "tool": the call this is the result of
 
-    def for_template(self) -> dict[str, str]:
-        """The message as the chat template takes it (text parts joined by newlines)."""
+    def for_template(self) -> dict[str, Any]:
+        """The message as the chat template takes it (text parts joined by newlines; tool
+        calls with their arguments as objects, as templates index them)."""
+        out: dict[str, Any] = {"role": self.role, "content": self._text()}
+        if self.role == "tool":
+            if not self.tool_call_id:
+                raise InvalidRequest("a 'tool' message needs the tool_call_id it answers", param="messages")
+            out["tool_call_id"] = self.tool_call_id
+        if self.tool_calls:
+            if self.role != "assistant":
+                raise InvalidRequest("only assistant messages carry tool_calls", param="messages")
+            calls = []
+            for c in self.tool_calls:
+                try:
+                    args = json.loads(c.function.arguments) if c.function.arguments.strip() else {}
+                except ValueError as e:
+                    raise InvalidParameter(f"tool call {c.id!r}: arguments are not valid JSON: {e}",
+                                           param="messages") from e
+                calls.append({"id": c.id, "type": "function",
+                              "function": {"name": c.function.name, "arguments": args}})
+            out["tool_calls"] = calls
+        return out
+
+    def _text(self) -> str:
         if self.content is None or isinstance(self.content, str):
-            return {"role": self.role, "content": self.content or ""}
+            return self.content or ""
         parts = []
         for p in self.content:
             if p.type != "text" or p.text is None:
                 raise InvalidRequest(f"unsupported content part type {p.type!r}; only 'text' parts are supported",
                                      param="messages")
             parts.append(p.text)
-        return {"role": self.role, "content": "\n".join(parts)}
+        return "\n".join(parts)
+
+
+class FunctionDef(_Model):
+    name: str = Field(..., min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema of the arguments object
+    strict: bool | None = None
+
+
+class ToolDef(_Model):
+    type: Literal["function"] = "function"
+    function: FunctionDef
+
+
+class NamedFunction(_Model):
+    name: str
+
+
+class NamedToolChoice(_Model):
+    type: Literal["function"] = "function"
+    function: NamedFunction
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -104,6 +168,9 @@ class ChatCompletionRequest(SamplingFields):
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
     add_generation_prompt: bool = True
+    tools: list[ToolDef] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True
 
 
 class CompletionRequest(SamplingFields):
@@ -136,6 +203,11 @@ class NativeSamplingParams(_Model):
     logprobs: int | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    logit_bias: dict[str, Any] | None = None
+    # SGLang's structured output: at most one of these
+    json_schema: str | None = None
+    regex: str | None = None
+    ebnf: str | None = None
 
     def to_sampling_params(self) -> SamplingParams:
         """Unset max_new_tokens / max_tokens mean 16 tokens (SGLang's default)."""
@@ -147,6 +219,8 @@ class NativeSamplingParams(_Model):
             stop=self.stop, stop_token_ids=self.stop_token_ids or [], ignore_eos=self.ignore_eos,
             logprobs=self.logprobs, skip_special_tokens=self.skip_special_tokens,
             include_stop_str_in_output=self.include_stop_str_in_output,
+            logit_bias=logit_bias_ids(self.logit_bias),
+            structured_output=sglang_structured_output(self.json_schema, self.regex, self.ebnf),
         )
 
 
