@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from anycore.kernels import int8, reference, torch_native
+from anycore.kernels import int8, moe, reference, torch_native
 
 # C++ kernel families (csrc/common/kernel_table.h ANYCORE_<FAMILY>_KERNELS, and int8_impl.h):
 # a native variant declares ops by family in anycore/platform/selection.py
@@ -90,6 +90,10 @@ OP_SPECS: tuple[OpSpec, ...] = (
     OpSpec("w8a8_linear", int8.REFERENCE_W8A8, int8.TORCH_NATIVE_W8A8, "int8", bind=int8.native_int8_linear,
            doc="w8a8_linear(x, packed, w_scale, bias=None), an Int8Linear: its pack(qweight [N, K]) makes "
                "`packed` once at load in the implementation's own layout (anycore.kernels.int8)"),
+    OpSpec("fused_moe", moe.fused_moe_reference, moe.fused_moe_torch,
+           doc="fused_moe(x [T, H], router_logits [T, E], w13 [E, 2I, H], w2 [E, H, I], top_k, renormalize, "
+               "w13_scale=None, w2_scale=None): one MoE layer's routed experts, combined (anycore.kernels.moe); "
+               "int8 weights when the scales are given"),
 )
 OP_NAMES: tuple[str, ...] = tuple(s.name for s in OP_SPECS)
 # the ops the native decoder stack calls besides the projections, in its op_impls order
