@@ -71,6 +71,14 @@ def _linear_native_when(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
             and weight.is_contiguous() and x.stride(-1) == 1)
 
 
+def _fused_moe_native_when(x, router_logits, w13, w2, top_k, renormalize, w13_scale=None, w2_scale=None) -> bool:
+    # float experts in the activation dtype (csrc/common/fused_moe.cpp: the variant's GEMV for
+    # bf16 experts with at most NATIVE_LINEAR_MAX_ROWS rows, at::mm otherwise); int8 experts
+    # (W8A8) run torch-native
+    return (w13_scale is None and x.dim() == 2 and _native_floats(x, w13, w2)
+            and w13.is_contiguous() and w2.is_contiguous())
+
+
 OP_SPECS: tuple[OpSpec, ...] = (
     OpSpec("rms_norm", reference.rms_norm, reference.rms_norm, "elementwise",
            lambda x, weight, eps: _native_floats(x, weight), doc="rms_norm(x, weight, eps)"),
@@ -90,7 +98,7 @@ OP_SPECS: tuple[OpSpec, ...] = (
     OpSpec("w8a8_linear", int8.REFERENCE_W8A8, int8.TORCH_NATIVE_W8A8, "int8", bind=int8.native_int8_linear,
            doc="w8a8_linear(x, packed, w_scale, bias=None), an Int8Linear: its pack(qweight [N, K]) makes "
                "`packed` once at load in the implementation's own layout (anycore.kernels.int8)"),
-    OpSpec("fused_moe", moe.fused_moe_reference, moe.fused_moe_torch,
+    OpSpec("fused_moe", moe.fused_moe_reference, moe.fused_moe_torch, "gemv", _fused_moe_native_when,
            doc="fused_moe(x [T, H], router_logits [T, E], w13 [E, 2I, H], w2 [E, H, I], top_k, renormalize, "
                "w13_scale=None, w2_scale=None): one MoE layer's routed experts, combined (anycore.kernels.moe); "
                "int8 weights when the scales are given"),
