@@ -217,7 +217,7 @@ def build_parser() -> argparse.ArgumentParser:
     doctor = sub.add_parser("doctor", help="CPU features, kernel choices, build info")
     doctor.set_defaults(func=_doctor)
 
-    bench = sub.add_parser("bench", help="benchmarks (latency, throughput, serving, compare)")
+    bench = sub.add_parser("bench", help="benchmarks (latency, throughput, serving, compare, moe)")
     try:
         from anycore.bench.cli import add_bench_args
     except ImportError:
