@@ -3,7 +3,8 @@ sigmoid-gated shared expert (Qwen2-MoE). The experts run as one ``fused_moe`` ke
 (anycore/kernels/moe.py).
 
 Checkpoints store each expert's projections separately (``experts.<e>.gate_proj.weight``,
-Mixtral's ``w1``/``w3``/``w2``); ``StackedExperts.load_stacked`` copies them into the stacked
+Mixtral's ``w1``/``w3``/``w2``), GGUF files all experts of a projection in one tensor
+(``ffn_gate_exps``...); ``StackedExperts.load_stacked`` copies either into the stacked
 ``w13 [E, 2I, H]`` (gate rows, then up rows) and ``w2 [E, H, I]``.
 """
 
@@ -22,6 +23,9 @@ _EXPERT_PROJECTIONS = {
     "up_proj": ("w13", 1), "w3": ("w13", 1),
     "down_proj": ("w2", 0), "w2": ("w2", 0),
 }
+
+# all experts in one tensor (GGUF's ffn_*_exps)
+_STACKED = {"gate_exps": ("w13", 0), "up_exps": ("w13", 1), "down_exps": ("w2", 0)}
 
 
 class Router(nn.Module):
@@ -57,9 +61,19 @@ class StackedExperts(nn.Module):
         self._loaded: set[tuple[int, str]] = set()
 
     def load_stacked(self, name: str, tensor: torch.Tensor) -> None:
-        """``name`` below this module, e.g. ``3.gate_proj.weight``; raises ValueError naming a
-        tensor that fits nowhere here."""
+        """``name`` below this module, e.g. ``3.gate_proj.weight``, or every expert's at once
+        (GGUF: ``gate_exps.weight`` [E, I, H], ``up_exps``, ``down_exps`` [E, H, I]); raises
+        ValueError naming a tensor that fits nowhere here."""
         parts = name.split(".")
+        if len(parts) == 2 and parts[0] in _STACKED and parts[1] == "weight":
+            i, (target, shard) = self.intermediate_size, _STACKED[parts[0]]
+            dest = self.w13.data[:, shard * i : (shard + 1) * i] if target == "w13" else self.w2.data
+            if tuple(tensor.shape) != tuple(dest.shape):
+                raise ValueError(f"experts.{name}: checkpoint shape {tuple(tensor.shape)} != {tuple(dest.shape)}")
+            dest.copy_(tensor)
+            proj = {"gate_exps": "gate_proj", "up_exps": "up_proj", "down_exps": "down"}[parts[0]]
+            self._loaded |= {(e, proj) for e in range(self.num_experts)}
+            return
         if len(parts) != 3 or not parts[0].isdigit() or parts[1] not in _EXPERT_PROJECTIONS or parts[2] != "weight":
             raise ValueError(f"experts.{name}: not an expert projection weight this layer has")
         expert, (target, shard) = int(parts[0]), _EXPERT_PROJECTIONS[parts[1]]

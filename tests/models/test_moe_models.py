@@ -37,12 +37,12 @@ def _configs():
     }
 
 
-def write_checkpoint(folder, name, tokenizer, dtype=torch.float32):
+def write_checkpoint(folder, name, tokenizer, **overrides):
     from transformers import AutoModelForCausalLM
 
     cls, extra = _configs()[name]
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(cls(**(COMMON | extra)), dtype=torch.float32)
+    model = AutoModelForCausalLM.from_config(cls(**(COMMON | extra | overrides)), dtype=torch.float32)
     with torch.no_grad():
         for p in model.parameters():  # larger than init so logits are not near-ties
             p.normal_(0, 0.2)
