@@ -87,13 +87,14 @@ class StackedExperts(nn.Module):
         self._loaded.add((expert, parts[1] if target == "w13" else "down"))
 
     def missing_tensors(self) -> list[str]:
-        """The expert projections no checkpoint tensor filled (checked after loading)."""
+        """The expert projections no checkpoint tensor filled (checked after loading), named
+        below this module as the HF checkpoint names them (``5.up_proj.weight``)."""
         out = []
         for e in range(self.num_experts):
             gate = (e, "gate_proj") in self._loaded or (e, "w1") in self._loaded
             up = (e, "up_proj") in self._loaded or (e, "w3") in self._loaded
-            out += [f"experts.{e}.{p}" for p, ok in (("gate_proj", gate), ("up_proj", up),
-                                                      ("down_proj", (e, "down") in self._loaded)) if not ok]
+            out += [f"{e}.{p}.weight" for p, ok in (("gate_proj", gate), ("up_proj", up),
+                                                     ("down_proj", (e, "down") in self._loaded)) if not ok]
         return out
 
     def quantize_w8a8(self) -> None:

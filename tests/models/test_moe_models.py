@@ -77,7 +77,7 @@ def test_checkpoint_missing_an_expert_is_refused(tmp_path, tokenizer):
     w = load_file(str(tmp_path / "model.safetensors"))
     del w["model.layers.1.block_sparse_moe.experts.5.w3.weight"]
     save_file(w, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
-    with pytest.raises(ValueError, match=r"layers\.1\.mlp\.experts\.experts\.5\.up_proj"):
+    with pytest.raises(ValueError, match=r"layers\.1\.mlp\.experts\.5\.up_proj\.weight"):
         LLM(model=str(tmp_path), dtype="float32", kv_cache_gb=0.01)
 
 
@@ -107,3 +107,20 @@ def test_w8a8_moe_stays_close_to_bf16(tmp_path, tokenizer, name):
     worst = torch.cat(worst)
     assert top1 >= 0.9 * positions, (top1, positions)
     assert worst.median() < 0.04 and worst.max() < 0.2, worst
+
+
+def test_stacked_experts_refuse_tensors_that_fit_nowhere():
+    from anycore.kernels.ops import torch_native_ops
+    from anycore.layers.moe import StackedExperts
+
+    experts = StackedExperts(4, 16, 8, 2, True, torch_native_ops(), torch.float32)
+    experts.load_stacked("2.w1.weight", torch.ones(8, 16))  # Mixtral's name for gate_proj
+    experts.load_stacked("up_exps.weight", torch.full((4, 8, 16), 2.0))  # GGUF: all experts at once
+    assert (experts.w13[2, :8] == 1).all() and (experts.w13[:, 8:] == 2).all()
+    assert "2.down_proj.weight" in experts.missing_tensors() and "2.gate_proj.weight" not in experts.missing_tensors()
+    for name, shape, match in [("4.gate_proj.weight", (8, 16), "expert 4 >= num_experts 4"),
+                               ("1.down_proj.weight", (8, 16), "checkpoint shape"),
+                               ("1.gate_proj.bias", (8,), "not an expert projection"),
+                               ("down_exps.weight", (4, 8, 16), "checkpoint shape")]:
+        with pytest.raises(ValueError, match=match):
+            experts.load_stacked(name, torch.zeros(shape))
