@@ -72,11 +72,15 @@ def _linear_native_when(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
 
 
 def _fused_moe_native_when(x, router_logits, w13, w2, top_k, renormalize, w13_scale=None, w2_scale=None) -> bool:
-    # float experts in the activation dtype (csrc/common/fused_moe.cpp: the variant's GEMV for
-    # bf16 experts with at most NATIVE_LINEAR_MAX_ROWS rows, at::mm otherwise); int8 experts
-    # (W8A8) run torch-native
-    return (w13_scale is None and x.dim() == 2 and _native_floats(x, w13, w2)
-            and w13.is_contiguous() and w2.is_contiguous())
+    # csrc/common/fused_moe.cpp: float experts in the activation dtype (the variant's GEMV for
+    # bf16 experts with at most NATIVE_LINEAR_MAX_ROWS rows, at::mm otherwise), or int8 experts
+    # with fp32 scales (at::_int_mm: the torch-native steps without the Python between them)
+    if x.dim() != 2 or x.dtype not in _NATIVE_DTYPES:
+        return False
+    if w13_scale is None:
+        return _native_floats(x, w13, w2) and w13.is_contiguous() and w2.is_contiguous()
+    return (w13.dtype is torch.int8 and w2.dtype is torch.int8 and w2_scale is not None
+            and w13_scale.dtype is torch.float32 and w2_scale.dtype is torch.float32)
 
 
 OP_SPECS: tuple[OpSpec, ...] = (

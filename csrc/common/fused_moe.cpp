@@ -7,11 +7,18 @@
 // The projections follow the dense rule (kNativeLinearMaxRows, decoder_layout.h): bf16 with at
 // most that many rows runs the variant's GEMV, anything else at::mm (oneDNN). An expert no token
 // chose is never read, so a batch-1 decode streams exactly top_k experts' weights.
+//
+// int8 experts (w13_scale, w2_scale given; the W8A8 scheme of anycore/kernels/int8.py, weights
+// [E, N, K] int8 as the torch-native implementation reads them) run the same ATen steps as
+// anycore/kernels/moe.py fused_moe_torch (per-token quantization, at::_int_mm, fp32 epilogue,
+// silu * up in the activation dtype); only the Python between the steps is gone (tokens are
+// quantized once, not once per expert: the same rows either way).
 #include <ATen/ATen.h>
 
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <utility>
 #include <vector>
 
 #include "ops.h"
@@ -75,6 +82,20 @@ void project(at::Tensor out, const at::Tensor& x, const at::Tensor& w, int dt, i
   }
 }
 
+// x [m, k] float -> (int8 [m, k], fp32 scales [m]): symmetric per row, range +-127 (int8.py)
+std::pair<at::Tensor, at::Tensor> quantize_per_token(const at::Tensor& x) {
+  at::Tensor xf = x.to(at::kFloat);
+  at::Tensor scale = xf.abs().amax({1}).clamp_min(1e-12) / 127.0;
+  return {at::round(xf / scale.unsqueeze(1)).clamp(-127, 127).to(at::kChar), scale};
+}
+
+// W8A8: (xq, xs) . qweight[N, K]^T with the per-channel scales, cast to `dtype`
+at::Tensor int8_project(const at::Tensor& xq, const at::Tensor& xs, const at::Tensor& qweight,
+                        const at::Tensor& w_scale, at::ScalarType dtype) {
+  at::Tensor acc = at::_int_mm(xq, qweight.t());
+  return (acc.to(at::kFloat) * xs.unsqueeze(1) * w_scale.unsqueeze(0)).to(dtype);
+}
+
 template <typename T>
 void combine(float* out, const T* y, const Routing& r, int64_t begin, int64_t end, int64_t top_k, int64_t h) {
   for (int64_t row = begin; row < end; ++row) {
@@ -91,14 +112,22 @@ void combine(float* out, const T* y, const Routing& r, int64_t begin, int64_t en
 at::Tensor fused_moe(const at::Tensor& x_in, const at::Tensor& router_logits, const at::Tensor& w13,
                      const at::Tensor& w2, int64_t top_k, bool renormalize, const std::optional<at::Tensor>& w13_scale,
                      const std::optional<at::Tensor>& w2_scale, int64_t impl) {
-  TORCH_CHECK(!(w13_scale.has_value() && w13_scale->defined()) && !(w2_scale.has_value() && w2_scale->defined()),
-              "fused_moe: the native kernel takes float experts (int8 experts run torch-native)");
+  const bool int8 = w13_scale.has_value() && w13_scale->defined();
+  TORCH_CHECK(int8 == (w2_scale.has_value() && w2_scale->defined()),
+              "fused_moe: give both w13_scale and w2_scale (int8 experts) or neither");
   const int dt = dtype_index(x_in);
   TORCH_CHECK(x_in.dim() == 2 && w13.dim() == 3 && w2.dim() == 3, "fused_moe: x [T, H], w13 [E, 2I, H], w2 [E, H, I]");
   at::Tensor x = x_in.contiguous();
   const int64_t t = x.size(0), h = x.size(1), e = w13.size(0), inter = w2.size(2);
-  TORCH_CHECK(w13.scalar_type() == x.scalar_type() && w2.scalar_type() == x.scalar_type() && w13.is_contiguous() &&
-                  w2.is_contiguous(), "fused_moe: experts must be contiguous in the input dtype");
+  if (int8) {
+    TORCH_CHECK(w13.scalar_type() == at::kChar && w2.scalar_type() == at::kChar &&
+                    w13_scale->scalar_type() == at::kFloat && w2_scale->scalar_type() == at::kFloat &&
+                    w13_scale->sizes() == at::IntArrayRef({e, 2 * inter}) && w2_scale->sizes() == at::IntArrayRef({e, h}),
+                "fused_moe: int8 experts need fp32 scales w13_scale [E, 2I] and w2_scale [E, H]");
+  } else {
+    TORCH_CHECK(w13.scalar_type() == x.scalar_type() && w2.scalar_type() == x.scalar_type() && w13.is_contiguous() &&
+                    w2.is_contiguous(), "fused_moe: experts must be contiguous in the input dtype");
+  }
   TORCH_CHECK(w13.size(1) == 2 * inter && w13.size(2) == h && w2.size(0) == e && w2.size(1) == h,
               "fused_moe: w13 [E, 2I, H] and w2 [E, H, I] do not fit x [T, H]");
   TORCH_CHECK(router_logits.dim() == 2 && router_logits.size(0) == t && router_logits.size(1) == e,
@@ -110,17 +139,32 @@ at::Tensor fused_moe(const at::Tensor& x_in, const at::Tensor& router_logits, co
   const int64_t pairs = t * top_k;
   // the pairs' rows gathered by expert, then each expert's slice through its two projections
   at::Tensor order = at::from_blob(const_cast<int64_t*>(r.order.data()), {pairs}, at::kLong);
-  at::Tensor rows = x.index_select(0, at::floor_divide(order, top_k));
-  at::Tensor gate_up = at::empty({pairs, 2 * inter}, x.options());
-  at::Tensor act = at::empty({pairs, inter}, x.options());
+  at::Tensor token_of = at::floor_divide(order, top_k);
   at::Tensor y = at::empty({pairs, h}, x.options());
-  SiluMulFn silu_mul = ANYCORE_PICK(silu_and_mul, impl, dt);
-  for (int64_t j = 0; j < e; ++j) {
-    const int64_t b = r.offsets[j], c = r.offsets[j + 1] - b;
-    if (c == 0) continue;  // no token chose expert j: its weights stay unread
-    project(gate_up.narrow(0, b, c), rows.narrow(0, b, c), w13[j], dt, impl);
-    silu_mul(act.narrow(0, b, c).data_ptr(), gate_up.narrow(0, b, c).data_ptr(), 2 * inter, c, inter);
-    project(y.narrow(0, b, c), act.narrow(0, b, c), w2[j], dt, impl);
+  if (int8) {
+    auto [xq, xs] = quantize_per_token(x);
+    at::Tensor rows_q = xq.index_select(0, token_of), rows_s = xs.index_select(0, token_of);
+    for (int64_t j = 0; j < e; ++j) {
+      const int64_t b = r.offsets[j], c = r.offsets[j + 1] - b;
+      if (c == 0) continue;  // no token chose expert j: its weights stay unread
+      at::Tensor gate_up = int8_project(rows_q.narrow(0, b, c), rows_s.narrow(0, b, c), w13[j], (*w13_scale)[j],
+                                        x.scalar_type());
+      at::Tensor act = at::silu(gate_up.narrow(1, 0, inter)) * gate_up.narrow(1, inter, inter);
+      auto [aq, as] = quantize_per_token(act);
+      y.narrow(0, b, c).copy_(int8_project(aq, as, w2[j], (*w2_scale)[j], x.scalar_type()));
+    }
+  } else {
+    at::Tensor rows = x.index_select(0, token_of);
+    at::Tensor gate_up = at::empty({pairs, 2 * inter}, x.options());
+    at::Tensor act = at::empty({pairs, inter}, x.options());
+    SiluMulFn silu_mul = ANYCORE_PICK(silu_and_mul, impl, dt);
+    for (int64_t j = 0; j < e; ++j) {
+      const int64_t b = r.offsets[j], c = r.offsets[j + 1] - b;
+      if (c == 0) continue;  // no token chose expert j: its weights stay unread
+      project(gate_up.narrow(0, b, c), rows.narrow(0, b, c), w13[j], dt, impl);
+      silu_mul(act.narrow(0, b, c).data_ptr(), gate_up.narrow(0, b, c).data_ptr(), 2 * inter, c, inter);
+      project(y.narrow(0, b, c), act.narrow(0, b, c), w2[j], dt, impl);
+    }
   }
   at::Tensor out = at::zeros({t, h}, x.options().dtype(at::kFloat));
   // (serial: pairs * h adds, small next to the projections; the rows of one token never race)
