@@ -81,7 +81,7 @@ def test_checkpoint_missing_an_expert_is_refused(tmp_path, tokenizer):
         LLM(model=str(tmp_path), dtype="float32", kv_cache_gb=0.01)
 
 
-@pytest.mark.parametrize("name", ["mixtral", "qwen2-moe-shared-expert"])
+@pytest.mark.parametrize("name", ["qwen2-moe-shared-expert"])  # (the others measured once, below)
 def test_w8a8_moe_stays_close_to_bf16(tmp_path, tokenizer, name):
     """Online W8A8 with int8 experts (per output channel, per-token activations) vs the bf16
     model, teacher-forced on the bf16 greedy continuations of PROMPTS (84 positions). Measured:
