@@ -224,7 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--threads", type=int, default=None, help="threads for the self-check (default: all cores)")
     doctor.set_defaults(func=_doctor)
 
-    bench = sub.add_parser("bench", help="benchmarks (latency, throughput, serving, compare)")
+    bench = sub.add_parser("bench", help="benchmarks (latency, throughput, serving, compare, moe)")
     try:
         from anycore.bench.cli import add_bench_args
     except ImportError:

@@ -23,6 +23,61 @@ def parse_dtype(name: str | torch.dtype) -> torch.dtype:
 
 
 @dataclass(frozen=True)
+class MoEConfig:
+    """The sparse MLP of a Mixture-of-Experts model (Qwen2/Qwen3-MoE, Mixtral, OLMoE).
+
+    Routing is the same for all four: softmax over every expert's router logit (fp32), the
+    ``top_k`` largest, renormalised to sum to one when ``norm_topk_prob`` (Mixtral always)."""
+
+    num_experts: int
+    top_k: int
+    expert_intermediate_size: int
+    norm_topk_prob: bool
+    moe_layers: tuple[int, ...]  # the layers whose MLP is sparse; the others are dense SwiGLU
+    shared_expert_intermediate_size: int = 0  # Qwen2-MoE: a dense expert every token runs, sigmoid-gated
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.top_k <= self.num_experts:
+            raise ValueError(f"num_experts_per_tok {self.top_k} must be in [1, num_experts={self.num_experts}]")
+
+
+# HF architecture -> (key of the expert count, key of the expert MLP width, norm_topk_prob default)
+_MOE_ARCHS = {
+    "Qwen3MoeForCausalLM": ("num_experts", "moe_intermediate_size", False),
+    "Qwen2MoeForCausalLM": ("num_experts", "moe_intermediate_size", False),
+    "MixtralForCausalLM": ("num_local_experts", "intermediate_size", True),
+    "OlmoeForCausalLM": ("num_experts", "intermediate_size", False),
+}
+
+
+def _moe_config(arch: str, hf: dict[str, Any]) -> MoEConfig | None:
+    if arch not in _MOE_ARCHS:
+        return None
+    count_key, width_key, norm_default = _MOE_ARCHS[arch]
+    # (transformers >= 5 writes Qwen3-MoE's expert count as num_local_experts)
+    num_experts = hf.get(count_key) or hf.get("num_experts") or hf.get("num_local_experts")
+    layers = range(hf["num_hidden_layers"])
+    if arch.startswith("Qwen"):  # dense layers: mlp_only_layers, and all but every decoder_sparse_step-th
+        step, dense = hf.get("decoder_sparse_step", 1) or 1, set(hf.get("mlp_only_layers") or ())
+        moe_layers = tuple(i for i in layers if i not in dense and num_experts > 0 and (i + 1) % step == 0)
+    else:
+        moe_layers = tuple(layers)
+    return MoEConfig(
+        num_experts=num_experts,
+        top_k=hf["num_experts_per_tok"],
+        expert_intermediate_size=hf[width_key],
+        # Mixtral renormalises unconditionally (its config has no such key)
+        norm_topk_prob=True if arch == "MixtralForCausalLM" else bool(hf.get("norm_topk_prob", norm_default)),
+        moe_layers=moe_layers,
+        shared_expert_intermediate_size=int(hf.get("shared_expert_intermediate_size") or 0)
+        if arch == "Qwen2MoeForCausalLM" else 0,
+    )
+
+
+_QKV_BIAS = ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM")  # bias on q/k/v when config.json does not say
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     """Architecture hyper-parameters, normalised from an HF config.json or GGUF metadata."""
 
@@ -40,6 +95,10 @@ class ModelConfig:
     tie_word_embeddings: bool = False
     attention_bias: bool = False  # Qwen2: bias on q/k/v projections
     qk_norm: bool = False  # Qwen3: RMSNorm over each head of q and k before RoPE
+    # OLMoE: the q/k RMSNorm is over the whole q (k) projection, not per head
+    qk_norm_full: bool = False
+    clip_qkv: float | None = None  # OLMoE: q, k, v clamped to [-clip, clip] after the projections
+    moe: MoEConfig | None = None  # None: a dense model
     rope_scaling: dict[str, Any] | None = None
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
@@ -74,8 +133,11 @@ class ModelConfig:
             rope_theta=float(rope_theta or 10000.0),
             max_position_embeddings=hf.get("max_position_embeddings", 4096),
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-            attention_bias=bool(hf.get("attention_bias", arch == "Qwen2ForCausalLM")),
-            qk_norm=arch == "Qwen3ForCausalLM",
+            attention_bias=bool(hf.get("attention_bias", hf.get("qkv_bias", arch in _QKV_BIAS))),
+            qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "OlmoeForCausalLM"),
+            qk_norm_full=arch == "OlmoeForCausalLM",
+            clip_qkv=hf.get("clip_qkv"),
+            moe=_moe_config(arch, hf),
             rope_scaling=rope_scaling,
             bos_token_id=hf.get("bos_token_id"),
             eos_token_ids=eos_ids,

@@ -70,7 +70,8 @@ def run_doctor(features: CpuFeatures | None = None, overrides: str | None = None
     unfused = [op for op in FUSED_OPS if op not in native]
     lines.append(f"  {'decoder_stack':<{width}}  {'native' if not unfused else 'op by op':<12}  "
                  + ("all layers in one native call (csrc/common/decoder_layer.cpp; batch-1 decode in one "
-                    "thread team, decode_team.cpp; op by op while a projection has hooks)" if not unfused
+                    "thread team, decode_team.cpp; op by op while a projection has hooks, and for MoE "
+                    "models, whose sparse layers are one fused_moe call each)" if not unfused
                     else f"op by op from Python: {', '.join(unfused)} not native"))
     warnings += sel.warnings
 

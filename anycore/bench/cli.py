@@ -1,4 +1,4 @@
-"""`anycore bench <latency|throughput|serving|compare>`: the flags of each benchmark and the
+"""`anycore bench <latency|throughput|serving|compare|moe>`: the flags of each benchmark and the
 hand-off to its module. Every benchmark checks its flags before it loads or measures anything;
 a bad one ends the command with one line on stderr and exit status 2."""
 
@@ -33,6 +33,9 @@ def add_bench_args(parser: argparse.ArgumentParser, add_engine_args: Callable[[a
     compare = sub.add_parser("compare", help="anycore vs llama.cpp and transformers, same model and prompts")
     add_engine_args(compare)
     add_compare_args(compare)
+    from anycore.bench.moe import add_moe_args
+
+    add_moe_args(sub.add_parser("moe", help="a random ~1B Mixture-of-Experts model: anycore vs transformers"))
 
 
 def run_bench(args: argparse.Namespace, config: EngineConfig | None) -> int:
@@ -58,4 +61,8 @@ def _dispatch(args: argparse.Namespace, config: EngineConfig | None) -> int:
 
         assert config is not None
         return run_compare(args, config)
+    if args.bench == "moe":
+        from anycore.bench.moe import run_moe_bench
+
+        return run_moe_bench(args)
     raise ValueError(f"unknown benchmark {args.bench!r}")

@@ -90,6 +90,7 @@ def run_latency(config: EngineConfig, prompt_len: int, decode_tokens: int, repea
         "decode_runs": decode,
         "prompt_len": prompt_len,
         "decode_tokens": decode_tokens,
+        "weight_bytes": engine.weight_bytes,  # read per batch-1 decode token
     }
 
 

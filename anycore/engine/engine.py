@@ -24,6 +24,7 @@ from anycore.engine.weight_arena import consolidate_weights
 from anycore.errors import InvalidRequest
 from anycore.kernels.dispatch import select_ops
 from anycore.layers.embedding import LogitsHead, VocabEmbedding
+from anycore.layers.moe import StackedExperts
 from anycore.layers.quant import (
     linear_method_factory,
     quantize_online,
@@ -44,13 +45,19 @@ log = logging.getLogger("anycore")
 def streamed_weight_bytes(model: torch.nn.Module) -> int:
     """Bytes of weights one decode step reads: every parameter and buffer, except embedding
     tables that are only gathered from (a row per token), i.e. all but one the logits head
-    multiplies by (tied, not replaced by an int8 copy)."""
+    multiplies by (tied, not replaced by an int8 copy). MoE experts count top_k of every
+    layer's experts: what a batch-1 decode token streams."""
     heads = [m for m in model.modules() if isinstance(m, LogitsHead)]
     gathered = {id(t) for m in model.modules() if isinstance(m, VocabEmbedding)
                 and not any(h.tied_to is m and h.int8_kernel is None for h in heads)
                 for t in (*m.parameters(recurse=False), *m.buffers(recurse=False))}
-    tensors = {id(t): t for t in [*model.parameters(), *model.buffers()] if id(t) not in gathered}
-    return sum(t.numel() * t.element_size() for t in tensors.values())
+    experts = [m for m in model.modules() if isinstance(m, StackedExperts)]
+    expert_tensors = {id(t) for m in experts for t in (*m.parameters(recurse=False), *m.buffers(recurse=False))}
+    tensors = {id(t): t for t in [*model.parameters(), *model.buffers()]
+               if id(t) not in gathered and id(t) not in expert_tensors}
+    active = sum(t.numel() * t.element_size() * m.top_k // m.num_experts
+                 for m in experts for t in (*m.parameters(recurse=False), *m.buffers(recurse=False)))
+    return sum(t.numel() * t.element_size() for t in tensors.values()) + active
 
 
 class Engine:
@@ -130,6 +137,10 @@ class Engine:
             time.perf_counter() - t0,
         )
         log.info("kernels: %s", ", ".join(f"{k}={v}" for k, v in self.ops.choices.items()))
+        if mc.moe is not None:
+            log.info("Mixture of Experts: %d of %d layers sparse, %d experts, top-%d; the layers run op by op "
+                     "(no native decoder stack for a sparse MLP), each sparse layer's experts one fused_moe call",
+                     len(mc.moe.moe_layers), mc.num_layers, mc.moe.num_experts, mc.moe.top_k)
 
     # ---- requests -------------------------------------------------------------------------
     def add_request(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None,

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from anycore.kernels import int8, reference, torch_native
+from anycore.kernels import int8, moe, reference, torch_native
 
 # C++ kernel families (csrc/common/kernel_table.h ANYCORE_<FAMILY>_KERNELS, and int8_impl.h):
 # a native variant declares ops by family in anycore/platform/selection.py
@@ -71,6 +71,18 @@ def _linear_native_when(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
             and weight.is_contiguous() and x.stride(-1) == 1)
 
 
+def _fused_moe_native_when(x, router_logits, w13, w2, top_k, renormalize, w13_scale=None, w2_scale=None) -> bool:
+    # csrc/common/fused_moe.cpp: float experts in the activation dtype (the variant's GEMV for
+    # bf16 experts with at most NATIVE_LINEAR_MAX_ROWS rows, at::mm otherwise), or int8 experts
+    # with fp32 scales (at::_int_mm: the torch-native steps without the Python between them)
+    if x.dim() != 2 or x.dtype not in _NATIVE_DTYPES:
+        return False
+    if w13_scale is None:
+        return _native_floats(x, w13, w2) and w13.is_contiguous() and w2.is_contiguous()
+    return (w13.dtype is torch.int8 and w2.dtype is torch.int8 and w2_scale is not None
+            and w13_scale.dtype is torch.float32 and w2_scale.dtype is torch.float32)
+
+
 OP_SPECS: tuple[OpSpec, ...] = (
     OpSpec("rms_norm", reference.rms_norm, reference.rms_norm, "elementwise",
            lambda x, weight, eps: _native_floats(x, weight), doc="rms_norm(x, weight, eps)"),
@@ -90,6 +102,10 @@ OP_SPECS: tuple[OpSpec, ...] = (
     OpSpec("w8a8_linear", int8.REFERENCE_W8A8, int8.TORCH_NATIVE_W8A8, "int8", bind=int8.native_int8_linear,
            doc="w8a8_linear(x, packed, w_scale, bias=None), an Int8Linear: its pack(qweight [N, K]) makes "
                "`packed` once at load in the implementation's own layout (anycore.kernels.int8)"),
+    OpSpec("fused_moe", moe.fused_moe_reference, moe.fused_moe_torch, "gemv", _fused_moe_native_when,
+           doc="fused_moe(x [T, H], router_logits [T, E], w13 [E, 2I, H], w2 [E, H, I], top_k, renormalize, "
+               "w13_scale=None, w2_scale=None): one MoE layer's routed experts, combined (anycore.kernels.moe); "
+               "int8 weights when the scales are given"),
 )
 OP_NAMES: tuple[str, ...] = tuple(s.name for s in OP_SPECS)
 # the ops the native decoder stack calls besides the projections, in its op_impls order

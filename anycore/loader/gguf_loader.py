@@ -23,7 +23,14 @@ _ARCHS = {
     "mistral": ("MistralForCausalLM", True),
     "qwen2": ("Qwen2ForCausalLM", False),
     "qwen3": ("Qwen3ForCausalLM", False),
+    "qwen2moe": ("Qwen2MoeForCausalLM", False),
+    "qwen3moe": ("Qwen3MoeForCausalLM", False),
+    # (no olmoe: the vocabulary is converted by transformers' GGUF reader, which lacks it)
+    # Mixtral is written as "llama" with experts (see gguf_hf_config)
 }
+# whether llama.cpp renormalises the top-k routing weights, when the file has no
+# {arch}.expert_weights_norm: what its graph for each architecture does
+_NORM_TOPK = {"llama": True, "qwen3moe": True, "qwen2moe": False}
 
 _LAYER_NAMES = {
     "attn_q": "self_attn.q_proj",
@@ -37,6 +44,16 @@ _LAYER_NAMES = {
     "ffn_down": "mlp.down_proj",
     "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
+    # MoE: the router, the experts stacked [experts, out, in] (StackedExperts.load_stacked), and
+    # Qwen2-MoE's shared expert with its gate
+    "ffn_gate_inp": "mlp.gate",
+    "ffn_gate_exps": "mlp.experts.gate_exps",
+    "ffn_up_exps": "mlp.experts.up_exps",
+    "ffn_down_exps": "mlp.experts.down_exps",
+    "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
+    "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
+    "ffn_up_shexp": "mlp.shared_expert.up_proj",
+    "ffn_down_shexp": "mlp.shared_expert.down_proj",
 }
 _GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 _BLOCK = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)$")
@@ -98,6 +115,18 @@ def gguf_hf_config(reader: Any) -> dict[str, Any]:
         "bos_token_id": _field(reader, "tokenizer.ggml.bos_token_id"),
         "eos_token_id": _field(reader, "tokenizer.ggml.eos_token_id"),
     }
+    experts = int(g("expert_count", 0) or 0)
+    if experts:
+        if arch == "llama":
+            cfg["architectures"] = ["MixtralForCausalLM"]
+        cfg |= {
+            "num_experts": experts,
+            "num_local_experts": experts,
+            "num_experts_per_tok": int(g("expert_used_count")),
+            "moe_intermediate_size": int(g("expert_feed_forward_length", cfg["intermediate_size"])),
+            "shared_expert_intermediate_size": int(g("expert_shared_feed_forward_length", 0) or 0),
+            "norm_topk_prob": bool(g("expert_weights_norm", _NORM_TOPK.get(arch, False))),
+        }
     scaling_type = g("rope.scaling.type")
     if scaling_type and scaling_type != "none":
         cfg["rope_scaling"] = {
@@ -126,7 +155,9 @@ def open_gguf(path: Path) -> ModelSource:
         t = raw[name]
         # GGUF lists dims fastest-first; dequantize() returns the row-major (PyTorch) shape
         arr = dequantize(t.data, t.tensor_type)
-        if permuted and name.endswith("self_attn.q_proj.weight"):
+        if name.endswith("mlp.shared_expert_gate.weight"):
+            arr = arr.reshape(1, -1)  # stored as a vector [hidden]
+        elif permuted and name.endswith("self_attn.q_proj.weight"):
             arr = _unpermute(arr, config.num_heads)
         elif permuted and name.endswith("self_attn.k_proj.weight"):
             arr = _unpermute(arr, config.num_kv_heads)

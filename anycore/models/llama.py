@@ -1,5 +1,8 @@
 """Llama-family decoder: Llama, SmolLM, Mistral, Qwen2 (qkv bias), Qwen3 (q/k norm).
 
+The Mixture-of-Experts models (models/moe.py) are this decoder with a sparse MLP in some layers
+(``make_mlp``) and, for OLMoE, q/k norms over the whole projection (``ModelConfig.qk_norm_full``).
+
 Architecture only: the blocks live in anycore.layers, weight loading in models/weight_loading.py,
 and the native paths (one-call layer stack, multi-step greedy) in engine/native_executor.py,
 which reads the structure this file declares (``native_layers``, ``attention_geometry``).
@@ -35,17 +38,26 @@ class Attention(nn.Module):
         self.head_dim = d
         self.qkv_proj = linear(cfg.hidden_size, [self.q_size, self.kv_size, self.kv_size], cfg.attention_bias)
         self.o_proj = linear(self.q_size, cfg.hidden_size, False)
-        self.q_norm = RMSNorm(d, cfg.rms_norm_eps, ops, dtype) if cfg.qk_norm else None
-        self.k_norm = RMSNorm(d, cfg.rms_norm_eps, ops, dtype) if cfg.qk_norm else None
+        # per head (Qwen3), or over the whole q / k projection (OLMoE: qk_norm_full)
+        self.qk_norm_full = cfg.qk_norm_full
+        q_width, k_width = (self.q_size, self.kv_size) if cfg.qk_norm_full else (d, d)
+        self.q_norm = RMSNorm(q_width, cfg.rms_norm_eps, ops, dtype) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(k_width, cfg.rms_norm_eps, ops, dtype) if cfg.qk_norm else None
+        self.clip_qkv = cfg.clip_qkv
         self.attn = PagedAttention(cfg.num_heads, cfg.num_kv_heads, d, layer_idx, ops)
         self.ops = ops
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        if self.q_norm is not None:
+        if self.q_norm is not None and self.qk_norm_full:
+            q, k = self.q_norm(q.contiguous()), self.k_norm(k.contiguous())
+        elif self.q_norm is not None:
             t = x.shape[0]
             q = self.q_norm(q.reshape(-1, self.head_dim)).view(t, -1)
             k = self.k_norm(k.reshape(-1, self.head_dim)).view(t, -1)
+        if self.clip_qkv is not None:
+            c = self.clip_qkv
+            q, k, v = q.clamp(-c, c), k.clamp(-c, c), v.clamp(-c, c)
         q = self.ops.apply_rotary(q, cos, sin, self.head_dim)
         k = self.ops.apply_rotary(k, cos, sin, self.head_dim)
         return self.o_proj(self.attn(q, k, v, batch))
@@ -63,15 +75,20 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer_idx: int, ops: KernelOps, dtype: torch.dtype, linear: MakeLinear) -> None:
+    def __init__(self, cfg: ModelConfig, layer_idx: int, ops: KernelOps, dtype: torch.dtype, linear: MakeLinear,
+                 mlp: nn.Module) -> None:
         super().__init__()
         self.self_attn = Attention(cfg, layer_idx, ops, dtype, linear)
-        self.mlp = MLP(cfg, ops, linear)
+        self.mlp = mlp  # (dense SwiGLU, or a sparse MoE block: anycore/layers/moe.py)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops, dtype)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops, dtype)
 
-    def native_layer(self) -> NativeLayer:
+    def native_layer(self) -> NativeLayer | None:
+        """The layer in the native stack's slots, or None when it has a block they lack (a
+        sparse MLP, q/k norms over the whole projection, clipped q/k/v)."""
         attn, mlp = self.self_attn, self.mlp
+        if not isinstance(mlp, MLP) or attn.qk_norm_full or attn.clip_qkv is not None:
+            return None
         return NativeLayer(self.input_layernorm, attn.qkv_proj, attn.q_norm, attn.k_norm, attn.o_proj,
                            self.post_attention_layernorm, mlp.gate_up_proj, mlp.down_proj)
 
@@ -102,12 +119,18 @@ class LlamaForCausalLM(nn.Module):
             return Linear(in_features, out_sizes, bias, dtype, ops, linear_method() if linear_method else None)
 
         self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size, dtype)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i, ops, dtype, linear) for i in range(cfg.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i, ops, dtype, linear, self.make_mlp(cfg, i, ops, dtype, linear))
+                                    for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops, dtype)
         self.lm_head = LogitsHead(
             cfg.vocab_size, cfg.hidden_size, dtype, self.embed_tokens if cfg.tie_word_embeddings else None, ops
         )
         self.rotary = RotaryTable(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, max_positions)
+
+    def make_mlp(self, cfg: ModelConfig, layer_idx: int, ops: KernelOps, dtype: torch.dtype,
+                 linear: MakeLinear) -> nn.Module:
+        """Layer ``layer_idx``'s MLP (an architecture with other MLPs overrides this)."""
+        return MLP(cfg, ops, linear)
 
     def forward(self, batch: ForwardBatch, layers: LayersFn | None = None) -> torch.Tensor:
         """Final hidden states of the rows in ``batch.logits_indices``. ``layers`` replaces the
@@ -129,8 +152,10 @@ class LlamaForCausalLM(nn.Module):
         return self.lm_head(hidden)
 
     # ---- declared structure (the native executor, quantization) -------------------------------
-    def native_layers(self) -> list[NativeLayer]:
-        return [layer.native_layer() for layer in self.layers]
+    def native_layers(self) -> list[NativeLayer] | None:
+        """Every layer's native slots; None (op by op) when some layer has none."""
+        layers = [layer.native_layer() for layer in self.layers]
+        return None if any(layer is None for layer in layers) else layers
 
     def attention_geometry(self) -> AttentionGeometry:
         attn = self.layers[0].self_attn.attn
@@ -144,15 +169,14 @@ class LlamaForCausalLM(nn.Module):
         pairs = []
         for layer in self.layers:
             attn, mlp = layer.self_attn, layer.mlp
-            up_rows = mlp.gate_up_proj.weight[mlp.down_proj.in_features :]
             v_start = attn.q_size + attn.kv_size
             v_bias = attn.qkv_proj.bias[v_start:] if attn.qkv_proj.bias is not None else None
-            pairs += [
-                SmoothPair(attn.qkv_proj, layer.input_layernorm.weight),
-                SmoothPair(mlp.gate_up_proj, layer.post_attention_layernorm.weight),
-                SmoothPair(mlp.down_proj, up_rows),
-                SmoothPair(attn.o_proj, attn.qkv_proj.weight[v_start:], v_bias, o_from_v),
-            ]
+            pairs.append(SmoothPair(attn.qkv_proj, layer.input_layernorm.weight))
+            if isinstance(mlp, MLP):  # (a sparse MLP's experts are quantized unsmoothed)
+                up_rows = mlp.gate_up_proj.weight[mlp.down_proj.in_features :]
+                pairs += [SmoothPair(mlp.gate_up_proj, layer.post_attention_layernorm.weight),
+                          SmoothPair(mlp.down_proj, up_rows)]
+            pairs.append(SmoothPair(attn.o_proj, attn.qkv_proj.weight[v_start:], v_bias, o_from_v))
         return pairs
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:

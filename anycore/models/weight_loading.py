@@ -1,8 +1,10 @@
 """Checkpoint tensors into a model's modules: merged projections, shape checks, completeness.
 
 Shared by every architecture: a model names its merged projections (``merged_shards``: our
-merged ``Linear`` -> the checkpoint projections stacked in it, in shard order) and everything
-else is matched by module path.
+merged ``Linear`` -> the checkpoint projections stacked in it, in shard order), a module that
+stacks many checkpoint tensors (MoE experts) takes every tensor below its path through its
+``load_stacked(rest, tensor)`` and lists what it still lacks in ``missing_tensors()``, and
+everything else is matched by module path.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from torch import nn
 
 from anycore.layers.embedding import LogitsHead, VocabEmbedding
 from anycore.layers.linear import Linear
+from anycore.layers.moe import Router
 from anycore.layers.norm import RMSNorm
 
 
@@ -23,9 +26,15 @@ def load_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]], 
     tensor that matches nothing or has the wrong shape, or the tensors the checkpoint lacks.
     Then lets each Linear's method process its weights (e.g. repack for a quantized kernel)."""
     shard_of = {proj: (merged, i) for merged, projs in merged_shards.items() for i, proj in enumerate(projs)}
+    stacked = {path: m for path, m in model.named_modules() if hasattr(m, "load_stacked")}
     loaded: set[str] = set()
     for name, tensor in weights:
         if "rotary_emb.inv_freq" in name or (name == "lm_head.weight" and tie_word_embeddings):
+            continue
+        owner = _stacked_owner(stacked, name.removeprefix("model."))
+        if owner is not None:
+            path, module = owner
+            module.load_stacked(name.removeprefix("model.")[len(path) + 1 :], tensor)
             continue
         module_path, kind = name.removeprefix("model.").rsplit(".", 1)
         parent, _, leaf = module_path.rpartition(".")
@@ -52,15 +61,29 @@ def load_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]], 
             module.method.process_weights_after_loading(module)
 
 
+def _stacked_owner(stacked: dict[str, nn.Module], name: str) -> tuple[str, nn.Module] | None:
+    """The stacking module whose path prefixes ``name``, with that path."""
+    if not stacked:
+        return None
+    parts = name.split(".")
+    for i in range(len(parts) - 1, 0, -1):
+        path = ".".join(parts[:i])
+        if path in stacked:
+            return path, stacked[path]
+    return None
+
+
 def _check_complete(model: nn.Module, loaded: set[str]) -> None:
     missing = []
     for name, module in model.named_modules():
-        if isinstance(module, Linear):
+        if hasattr(module, "missing_tensors"):
+            missing += [f"{name}.{t}" for t in module.missing_tensors()]
+        elif isinstance(module, Linear):
             shards = range(len(module.out_sizes))
             for kind in module.param_kinds():
                 keys = [f"{name}.{kind}#{s}" for s in shards] if len(module.out_sizes) > 1 else [f"{name}.{kind}"]
                 missing += [k for k in keys if k not in loaded]
-        elif isinstance(module, (RMSNorm, VocabEmbedding)) or (isinstance(module, LogitsHead) and module.tied_to is None):
+        elif isinstance(module, (RMSNorm, VocabEmbedding, Router)) or (isinstance(module, LogitsHead) and module.tied_to is None):
             if f"{name}.weight" not in loaded:
                 missing.append(f"{name}.weight")
     if missing:

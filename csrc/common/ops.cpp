@@ -313,6 +313,8 @@ std::vector<std::string> variant_kernels(int64_t impl) {
   ANYCORE_VECTOR_KERNELS(ANYCORE_FILLED)
 #undef ANYCORE_FILLED
   if (t.int8.w8a8_linear) names.emplace_back("w8a8_linear");
+  // fused_moe (fused_moe.cpp) is composed of these two: the variant's own when it has both
+  if (t.linear[0] && t.linear[1] && t.silu_and_mul[0] && t.silu_and_mul[1]) names.emplace_back("fused_moe");
   return names;
 }
 
@@ -337,6 +339,8 @@ TORCH_LIBRARY(anycore, m) {
   m.def("int8_pack(Tensor qweight, int impl) -> Tensor", &int8_pack);
   m.def("int8_unpack(Tensor packed, int n, int k, int impl, Tensor? rows=None) -> Tensor", &int8_unpack);
   m.def("w8a8_linear(Tensor x, Tensor packed, Tensor w_scale, Tensor? bias, int impl) -> Tensor", &w8a8_linear);
+  m.def("fused_moe(Tensor x, Tensor router_logits, Tensor w13, Tensor w2, int top_k, bool renormalize, "
+        "Tensor? w13_scale, Tensor? w2_scale, int impl) -> Tensor", &fused_moe);
   m.def("w8a8_int8_acc(Tensor xq, Tensor packed, int n, int impl) -> Tensor", &w8a8_int8_acc);
   m.class_<StackWeights>("StackWeights").def(torch::init<Weights, std::vector<int64_t>, std::vector<int64_t>>());
   m.def("decoder_stack(Tensor hidden, __torch__.torch.classes.anycore.StackWeights weights, Tensor k_pool, "

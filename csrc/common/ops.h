@@ -39,6 +39,12 @@ at::Tensor w8a8_linear(const at::Tensor& x, const at::Tensor& packed, const at::
 at::Tensor int8_unpack(const at::Tensor& packed, int64_t n, int64_t k, int64_t impl,
                        const std::optional<at::Tensor>& rows);  // rows (all: nullopt) of a packed weight
 
+// fused_moe.cpp: one MoE layer's routed experts, composed of variant `impl`'s linear and
+// silu_and_mul kernels (float experts) or ATen's int8 GEMM (int8 experts with their scales).
+at::Tensor fused_moe(const at::Tensor& x, const at::Tensor& router_logits, const at::Tensor& w13, const at::Tensor& w2,
+                     int64_t top_k, bool renormalize, const std::optional<at::Tensor>& w13_scale,
+                     const std::optional<at::Tensor>& w2_scale, int64_t impl);
+
 // The int8 kernels of variant `impl` (generic's when it has none): what packed its weights.
 const Int8Kernels& int8_table(int64_t impl);
 

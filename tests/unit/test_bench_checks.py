@@ -179,3 +179,17 @@ def test_serving_module_entry_checks_too(capsys, no_work):
     with pytest.raises(SystemExit) as e:
         serving.main(["--concurrency", "0"])
     assert e.value.code == 2 and "--concurrency" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["--top-k", "9", "--experts", "8"], "--top-k"),
+    (["--experts", "0"], "--experts"),
+    (["--hidden", "100"], "--hidden"),
+    (["--decode-tokens", "0"], "--decode-tokens"),
+    (["--threads", "0"], "--threads"),
+])
+def test_bench_moe_flags_are_checked_first(capsys, monkeypatch, tmp_path, no_work, argv, flag):
+    from anycore.bench import moe
+
+    monkeypatch.setattr(moe, "write_random_moe", _tripwire)
+    _fails(capsys, ["bench", "moe", "--cache-dir", str(tmp_path / "c"), *argv], flag)

@@ -1,5 +1,6 @@
 """Hugging Face transformers in-process for `anycore bench compare`, on the same GGUF (dequantized
-to bf16 or fp32 by transformers' GGUF reader): a plain eager forward per token."""
+to bf16 or fp32 by transformers' GGUF reader), or on an HF folder (`anycore bench moe`): a plain
+eager forward per token."""
 
 from __future__ import annotations
 
@@ -21,8 +22,11 @@ class TransformersRunner(Runner):
         torch.set_num_threads(threads)
         self.torch = torch
         tdtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype]
-        self.model = transformers.AutoModelForCausalLM.from_pretrained(
-            str(gguf_path.parent), gguf_file=gguf_path.name, dtype=tdtype).eval()
+        if gguf_path.is_dir():  # an HF folder (`anycore bench moe` writes one)
+            self.model = transformers.AutoModelForCausalLM.from_pretrained(str(gguf_path), dtype=tdtype).eval()
+        else:
+            self.model = transformers.AutoModelForCausalLM.from_pretrained(
+                str(gguf_path.parent), gguf_file=gguf_path.name, dtype=tdtype).eval()
         import inspect
 
         # transformers 5.x renamed the KV-cache argument from past_key_values to cache

@@ -9,6 +9,7 @@ from tqdm import tqdm
 
 from anycore.layers.embedding import LogitsHead, VocabEmbedding
 from anycore.layers.linear import Linear
+from anycore.layers.moe import StackedExperts
 from anycore.layers.quant.smoothing import collect_input_stats, smooth
 from anycore.layers.quant.w8a8_int8 import W8A8Int8LinearMethod
 
@@ -91,6 +92,11 @@ def _quantize(model: nn.Module, make_method: Callable, run_calibration: Callable
     for module in tqdm(linears, desc="quantizing", unit="linear", disable=None, leave=False):
         module.method = make_method()
         module.method.process_weights_after_loading(module)
+    # MoE experts: int8 per output channel of each expert, unsmoothed (their inputs are the
+    # post-attention norm's output, shared with the router, which stays float)
+    for module in model.modules():
+        if isinstance(module, StackedExperts):
+            module.quantize_w8a8()
     if head is not None:
         head_stats = stats.get(id(head))
         head.quantize_int8(head_stats.absmax if head_stats else None, 0.5 if alpha is None else alpha)

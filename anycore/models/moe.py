@@ -1,0 +1,57 @@
+"""Mixture-of-Experts decoders: Qwen3-MoE, Qwen2-MoE (shared expert), Mixtral, OLMoE.
+
+The Llama-family decoder (models/llama.py) with a sparse MLP in the layers ``ModelConfig.moe``
+names (anycore/layers/moe.py: router, stacked experts in one ``fused_moe`` call, Qwen2-MoE's
+sigmoid-gated shared expert); the other layers keep the dense SwiGLU MLP. Attention differs only
+by config: Qwen3-MoE per-head q/k norm, Qwen2-MoE q/k/v bias, OLMoE q/k norm over the whole
+projection (``qk_norm_full``) and optional ``clip_qkv``.
+
+The native decoder stack has no slot for a sparse MLP, so ``native_layers()`` is None and these
+models run op by op (each MoE layer's experts still one fused call); `anycore doctor` says so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from anycore.config import ModelConfig
+from anycore.kernels.ops import KernelOps
+from anycore.layers.moe import Router, SparseMoeBlock, StackedExperts
+from anycore.models.llama import MLP, LlamaForCausalLM, MakeLinear
+from anycore.models.registry import register
+from anycore.models.weight_loading import load_weights
+
+
+class SharedExpertMLP(MLP):
+    """Qwen2-MoE's shared expert: the dense SwiGLU at its own width."""
+
+    def __init__(self, cfg: ModelConfig, width: int, ops: KernelOps, linear: MakeLinear) -> None:
+        nn.Module.__init__(self)
+        self.gate_up_proj = linear(cfg.hidden_size, [width] * 2, False)
+        self.down_proj = linear(width, cfg.hidden_size, False)
+        self.ops = ops
+
+
+@register("Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM", "MixtralForCausalLM", "OlmoeForCausalLM")
+class MoeForCausalLM(LlamaForCausalLM):
+    def make_mlp(self, cfg: ModelConfig, layer_idx: int, ops: KernelOps, dtype: torch.dtype,
+                 linear: MakeLinear) -> nn.Module:
+        moe = cfg.moe
+        if moe is None or layer_idx not in moe.moe_layers:
+            return super().make_mlp(cfg, layer_idx, ops, dtype, linear)
+        h = cfg.hidden_size
+        experts = StackedExperts(moe.num_experts, h, moe.expert_intermediate_size, moe.top_k, moe.norm_topk_prob,
+                                 ops, dtype)
+        shared = shared_gate = None
+        if moe.shared_expert_intermediate_size:
+            shared = SharedExpertMLP(cfg, moe.shared_expert_intermediate_size, ops, linear)
+            shared_gate = Router(h, 1, ops, dtype)
+        return SparseMoeBlock(Router(h, moe.num_experts, ops, dtype), experts, shared, shared_gate)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        # Mixtral names its sparse MLP block_sparse_moe (experts w1/w3/w2: StackedExperts maps them)
+        renamed = ((name.replace(".block_sparse_moe.", ".mlp."), t) for name, t in weights)
+        load_weights(self, renamed, self.merged_shards, self.config.tie_word_embeddings)

@@ -1,0 +1,179 @@
+// fused_moe: one Mixture-of-Experts layer's routed experts in one call (the oracle is
+// anycore/kernels/moe.py fused_moe_reference). Compiled for the baseline ISA, like
+// decoder_layer.cpp: it routes and groups in plain C++ and composes variant `impl`'s own
+// kernels: per expert that got tokens, the gate/up projection, silu_and_mul, the down
+// projection, then the weighted combine in fp32.
+//
+// The projections follow the dense rule (kNativeLinearMaxRows, decoder_layout.h): bf16 with at
+// most that many rows runs the variant's GEMV, anything else at::mm (oneDNN). An expert no token
+// chose is never read, so a batch-1 decode streams exactly top_k experts' weights.
+//
+// int8 experts (w13_scale, w2_scale given; the W8A8 scheme of anycore/kernels/int8.py, weights
+// [E, N, K] int8 as the torch-native implementation reads them) run the same ATen steps as
+// anycore/kernels/moe.py fused_moe_torch (per-token quantization, at::_int_mm, fp32 epilogue,
+// silu * up in the activation dtype); only the Python between the steps is gone (tokens are
+// quantized once, not once per expert: the same rows either way).
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <utility>
+#include <vector>
+
+#include "ops.h"
+
+namespace anycore::ops {
+
+namespace {
+
+struct Routing {
+  std::vector<float> weight;      // [tokens * top_k]
+  std::vector<int64_t> expert;    // [tokens * top_k]
+  std::vector<int64_t> order;     // pair ids (token * top_k + slot), grouped by expert, stable
+  std::vector<int64_t> offsets;   // [experts + 1] into order
+};
+
+// softmax over each token's logits (fp32), its top_k (ties: the lower expert id first), then
+// renormalised to sum to one when asked: what every supported model's router does.
+Routing route(const at::Tensor& logits_in, int64_t top_k, bool renormalize) {
+  at::Tensor logits = logits_in.to(at::kFloat).contiguous();
+  const int64_t t = logits.size(0), e = logits.size(1);
+  const float* l = logits.data_ptr<float>();
+  Routing r;
+  r.weight.resize(t * top_k);
+  r.expert.resize(t * top_k);
+  std::vector<float> prob(e);
+  std::vector<int64_t> idx(e);
+  for (int64_t i = 0; i < t; ++i) {
+    const float* row = l + i * e;
+    const float mx = *std::max_element(row, row + e);
+    float sum = 0.0f;
+    for (int64_t j = 0; j < e; ++j) sum += (prob[j] = std::exp(row[j] - mx));
+    for (int64_t j = 0; j < e; ++j) prob[j] /= sum;
+    std::iota(idx.begin(), idx.end(), int64_t{0});
+    std::partial_sort(idx.begin(), idx.begin() + top_k, idx.end(), [&](int64_t a, int64_t b) {
+      return prob[a] > prob[b] || (prob[a] == prob[b] && a < b);
+    });
+    float top = 0.0f;
+    for (int64_t s = 0; s < top_k; ++s) top += prob[idx[s]];
+    for (int64_t s = 0; s < top_k; ++s) {
+      r.expert[i * top_k + s] = idx[s];
+      r.weight[i * top_k + s] = renormalize ? prob[idx[s]] / top : prob[idx[s]];
+    }
+  }
+  r.offsets.assign(e + 1, 0);
+  for (int64_t x : r.expert) ++r.offsets[x + 1];
+  for (int64_t j = 0; j < e; ++j) r.offsets[j + 1] += r.offsets[j];
+  r.order.resize(t * top_k);
+  std::vector<int64_t> fill(r.offsets.begin(), r.offsets.end() - 1);
+  for (int64_t p = 0; p < t * top_k; ++p) r.order[fill[r.expert[p]]++] = p;
+  return r;
+}
+
+// out[m, n] = x[m, k] . w[n, k]: the variant's GEMV where the dense rule takes it, else at::mm.
+void project(at::Tensor out, const at::Tensor& x, const at::Tensor& w, int dt, int64_t impl) {
+  const int64_t m = x.size(0);
+  LinearFn gemv = table(impl).linear[dt];
+  if (dt == 1 && m <= kNativeLinearMaxRows && gemv != nullptr) {
+    gemv(out.data_ptr(), x.data_ptr(), x.stride(0), w.data_ptr(), nullptr, m, w.size(0), w.size(1));
+  } else {
+    at::mm_out(out, x, w.t());
+  }
+}
+
+// x [m, k] float -> (int8 [m, k], fp32 scales [m]): symmetric per row, range +-127 (int8.py)
+std::pair<at::Tensor, at::Tensor> quantize_per_token(const at::Tensor& x) {
+  at::Tensor xf = x.to(at::kFloat);
+  at::Tensor scale = xf.abs().amax({1}).clamp_min(1e-12) / 127.0;
+  return {at::round(xf / scale.unsqueeze(1)).clamp(-127, 127).to(at::kChar), scale};
+}
+
+// W8A8: (xq, xs) . qweight[N, K]^T with the per-channel scales, cast to `dtype`
+at::Tensor int8_project(const at::Tensor& xq, const at::Tensor& xs, const at::Tensor& qweight,
+                        const at::Tensor& w_scale, at::ScalarType dtype) {
+  at::Tensor acc = at::_int_mm(xq, qweight.t());
+  return (acc.to(at::kFloat) * xs.unsqueeze(1) * w_scale.unsqueeze(0)).to(dtype);
+}
+
+template <typename T>
+void combine(float* out, const T* y, const Routing& r, int64_t begin, int64_t end, int64_t top_k, int64_t h) {
+  for (int64_t row = begin; row < end; ++row) {
+    const int64_t pair = r.order[row];
+    const float w = r.weight[pair];
+    float* o = out + (pair / top_k) * h;
+    const T* yr = y + row * h;
+    for (int64_t j = 0; j < h; ++j) o[j] += w * static_cast<float>(yr[j]);
+  }
+}
+
+}  // namespace
+
+at::Tensor fused_moe(const at::Tensor& x_in, const at::Tensor& router_logits, const at::Tensor& w13,
+                     const at::Tensor& w2, int64_t top_k, bool renormalize, const std::optional<at::Tensor>& w13_scale,
+                     const std::optional<at::Tensor>& w2_scale, int64_t impl) {
+  const bool int8 = w13_scale.has_value() && w13_scale->defined();
+  TORCH_CHECK(int8 == (w2_scale.has_value() && w2_scale->defined()),
+              "fused_moe: give both w13_scale and w2_scale (int8 experts) or neither");
+  const int dt = dtype_index(x_in);
+  TORCH_CHECK(x_in.dim() == 2 && w13.dim() == 3 && w2.dim() == 3, "fused_moe: x [T, H], w13 [E, 2I, H], w2 [E, H, I]");
+  at::Tensor x = x_in.contiguous();
+  const int64_t t = x.size(0), h = x.size(1), e = w13.size(0), inter = w2.size(2);
+  if (int8) {
+    TORCH_CHECK(w13.scalar_type() == at::kChar && w2.scalar_type() == at::kChar &&
+                    w13_scale->scalar_type() == at::kFloat && w2_scale->scalar_type() == at::kFloat &&
+                    w13_scale->sizes() == at::IntArrayRef({e, 2 * inter}) && w2_scale->sizes() == at::IntArrayRef({e, h}),
+                "fused_moe: int8 experts need fp32 scales w13_scale [E, 2I] and w2_scale [E, H]");
+  } else {
+    TORCH_CHECK(w13.scalar_type() == x.scalar_type() && w2.scalar_type() == x.scalar_type() && w13.is_contiguous() &&
+                    w2.is_contiguous(), "fused_moe: experts must be contiguous in the input dtype");
+  }
+  TORCH_CHECK(w13.size(1) == 2 * inter && w13.size(2) == h && w2.size(0) == e && w2.size(1) == h,
+              "fused_moe: w13 [E, 2I, H] and w2 [E, H, I] do not fit x [T, H]");
+  TORCH_CHECK(router_logits.dim() == 2 && router_logits.size(0) == t && router_logits.size(1) == e,
+              "fused_moe: router_logits must be [T, E]");
+  TORCH_CHECK(top_k >= 1 && top_k <= e, "fused_moe: top_k must be in [1, experts]");
+  (void)table(impl);  // (checks impl; makes OpenMP follow torch's thread count)
+
+  const Routing r = route(router_logits, top_k, renormalize);
+  const int64_t pairs = t * top_k;
+  // the pairs' rows gathered by expert, then each expert's slice through its two projections
+  at::Tensor order = at::from_blob(const_cast<int64_t*>(r.order.data()), {pairs}, at::kLong);
+  at::Tensor token_of = at::floor_divide(order, top_k);
+  at::Tensor y = at::empty({pairs, h}, x.options());
+  if (int8) {
+    auto [xq, xs] = quantize_per_token(x);
+    at::Tensor rows_q = xq.index_select(0, token_of), rows_s = xs.index_select(0, token_of);
+    for (int64_t j = 0; j < e; ++j) {
+      const int64_t b = r.offsets[j], c = r.offsets[j + 1] - b;
+      if (c == 0) continue;  // no token chose expert j: its weights stay unread
+      at::Tensor gate_up = int8_project(rows_q.narrow(0, b, c), rows_s.narrow(0, b, c), w13[j], (*w13_scale)[j],
+                                        x.scalar_type());
+      at::Tensor act = at::silu(gate_up.narrow(1, 0, inter)) * gate_up.narrow(1, inter, inter);
+      auto [aq, as] = quantize_per_token(act);
+      y.narrow(0, b, c).copy_(int8_project(aq, as, w2[j], (*w2_scale)[j], x.scalar_type()));
+    }
+  } else {
+    at::Tensor rows = x.index_select(0, token_of);
+    at::Tensor gate_up = at::empty({pairs, 2 * inter}, x.options());
+    at::Tensor act = at::empty({pairs, inter}, x.options());
+    SiluMulFn silu_mul = ANYCORE_PICK(silu_and_mul, impl, dt);
+    for (int64_t j = 0; j < e; ++j) {
+      const int64_t b = r.offsets[j], c = r.offsets[j + 1] - b;
+      if (c == 0) continue;  // no token chose expert j: its weights stay unread
+      project(gate_up.narrow(0, b, c), rows.narrow(0, b, c), w13[j], dt, impl);
+      silu_mul(act.narrow(0, b, c).data_ptr(), gate_up.narrow(0, b, c).data_ptr(), 2 * inter, c, inter);
+      project(y.narrow(0, b, c), act.narrow(0, b, c), w2[j], dt, impl);
+    }
+  }
+  at::Tensor out = at::zeros({t, h}, x.options().dtype(at::kFloat));
+  // (serial: pairs * h adds, small next to the projections; the rows of one token never race)
+  if (dt == 0) {
+    combine(out.data_ptr<float>(), y.data_ptr<float>(), r, 0, pairs, top_k, h);
+  } else {
+    combine(out.data_ptr<float>(), y.data_ptr<at::BFloat16>(), r, 0, pairs, top_k, h);
+  }
+  return out.to(x.scalar_type());
+}
+
+}  // namespace anycore::ops
