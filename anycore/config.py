@@ -50,7 +50,6 @@ class ModelConfig:
     rope_local_theta: float | None = None  # RoPE base of the sliding layers (no scaling there)
     query_pre_attn_scalar: float | None = None  # attention scale = this ** -0.5 (else head_dim)
     final_logit_softcapping: float | None = None  # logits = cap * tanh(logits / cap)
-    attn_logit_softcapping: float | None = None  # the same on attention scores
 
     @classmethod
     def from_hf(cls, hf: dict[str, Any]) -> ModelConfig:
@@ -109,6 +108,10 @@ def _gemma3_fields(hf: dict[str, Any]) -> dict[str, Any]:
     / ``rope_scaling`` (which applies to the global layers only)."""
     if hf.get("use_bidirectional_attention"):
         raise ValueError("Gemma 3 with use_bidirectional_attention is not supported (causal decoding only)")
+    if hf.get("attn_logit_softcapping"):
+        # Gemma 2 capped attention scores; transformers' Gemma 3 reads the field but never applies
+        # it (nor does llama.cpp): refused rather than guessing which of the two the file means
+        raise ValueError("Gemma 3 with attn_logit_softcapping is not supported (transformers' Gemma 3 ignores it)")
     act = hf.get("hidden_activation") or hf.get("hidden_act") or "gelu_pytorch_tanh"
     if act != "gelu_pytorch_tanh":
         raise ValueError(f"Gemma 3 with hidden_activation {act!r} is not supported (gelu_pytorch_tanh only)")
@@ -139,7 +142,6 @@ def _gemma3_fields(hf: dict[str, Any]) -> dict[str, Any]:
         layer_sliding_windows=tuple(int(window) if t == "sliding_attention" else None for t in types),
         query_pre_attn_scalar=float(hf.get("query_pre_attn_scalar") or 256),
         final_logit_softcapping=hf.get("final_logit_softcapping"),
-        attn_logit_softcapping=hf.get("attn_logit_softcapping"),
         qk_norm=True,
         tie_word_embeddings=bool(hf.get("tie_word_embeddings", True)),
     )

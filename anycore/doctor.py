@@ -72,6 +72,10 @@ def run_doctor(features: CpuFeatures | None = None, overrides: str | None = None
                  + ("all layers in one native call (csrc/common/decoder_layer.cpp; batch-1 decode in one "
                     "thread team, decode_team.cpp; op by op while a projection has hooks)" if not unfused
                     else f"op by op from Python: {', '.join(unfused)} not native"))
+    from anycore.models.registry import op_by_op_architectures
+
+    for arch, reason in op_by_op_architectures().items():
+        lines.append(f"  {'':<{width}}  {'op by op':<12}  {arch}: {reason}")
     warnings += sel.warnings
 
     threads = torch.get_num_threads()

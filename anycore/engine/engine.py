@@ -125,6 +125,7 @@ class Engine:
             time.perf_counter() - t0,
         )
         log.info("kernels: %s", ", ".join(f"{k}={v}" for k, v in self.ops.choices.items()))
+        log.info("decoder layers: %s", self.runner.native.layers_path())
 
     # ---- requests -------------------------------------------------------------------------
     def add_request(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None,

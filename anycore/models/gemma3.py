@@ -9,7 +9,8 @@ What differs from the Llama family (anycore/models/llama.py):
 - attention scale ``query_pre_attn_scalar ** -0.5``; sliding layers see only the last
   ``sliding_window`` keys (``ops.paged_attention_window``) and use their own RoPE base
   (``rope_local_base_freq``, no scaling), global layers ``rope_theta`` with ``rope_scaling``;
-- optional tanh soft-capping of the final logits and of attention scores; tied embeddings.
+- optional tanh soft-capping of the final logits; tied embeddings. (``attn_logit_softcapping``
+  is refused: transformers' Gemma 3 never applies it; the attention op can, for Gemma 2.)
 
 The native decoder stack (csrc/common/decoder_layer.cpp) has one Llama layer shape: one norm
 before attention and one before the MLP, SiLU, unwindowed attention, (x * w) norms. It cannot
@@ -62,7 +63,7 @@ class Gemma3Attention(nn.Module):
         window = cfg.layer_sliding_windows[layer_idx] if cfg.layer_sliding_windows else None
         scale = (cfg.query_pre_attn_scalar or d) ** -0.5
         self.attn = PagedAttention(cfg.num_heads, cfg.num_kv_heads, d, layer_idx, ops, scale=scale,
-                                   sliding_window=window, softcap=cfg.attn_logit_softcapping)
+                                   sliding_window=window)
         self.ops = ops
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
@@ -107,6 +108,8 @@ class Gemma3DecoderLayer(nn.Module):
 
 @register("Gemma3ForCausalLM")
 class Gemma3ForCausalLM(nn.Module):
+    op_by_op_reason = ("the native decoder stack cannot express Gemma 3 layers (four (1 + w) norms, GeGLU, "
+                       "sliding-window attention)")
     merged_shards = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
 
     def __init__(
