@@ -172,3 +172,71 @@ def test_unsupported_configs_are_refused(bad, message):
           "num_hidden_layers": 4, "num_attention_heads": 4, "sliding_window": WINDOW, **bad}
     with pytest.raises(ValueError, match=message):
         ModelConfig.from_hf(hf)
+
+
+# HF name -> llama.cpp's gemma3 tensor name (blk.N.<part>)
+_GGUF_PARTS = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+               "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm",
+               "self_attn.k_norm": "attn_k_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+               "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm",
+               "post_attention_layernorm": "post_attention_norm", "pre_feedforward_layernorm": "ffn_norm",
+               "post_feedforward_layernorm": "post_ffw_norm"}
+
+
+def _write_gguf(path, model, cfg):
+    """What llama.cpp's converter writes for gemma3: its tensor names, norms with 1 added, no
+    output.weight (tied), no layer pattern / local RoPE base / attention scalar keys."""
+    import gguf
+
+    w = gguf.GGUFWriter(str(path), "gemma3")
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_head_count_kv(cfg.num_key_value_heads)
+    w.add_key_length(cfg.head_dim)
+    w.add_value_length(cfg.head_dim)
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_rope_freq_base(1e6)
+    w.add_sliding_window(cfg.sliding_window)
+    w.add_vocab_size(cfg.vocab_size)
+    for name, tensor in model.state_dict().items():
+        if name == "lm_head.weight":
+            continue
+        arr = tensor.float().numpy()
+        if name.endswith("norm.weight"):
+            arr = arr + 1.0
+        if name.startswith("model.layers."):
+            layer, rest = name.removeprefix("model.layers.").split(".", 1)
+            part, kind = rest.rsplit(".", 1)
+            gguf_name = f"blk.{layer}.{_GGUF_PARTS[part]}.{kind}"
+        else:
+            gguf_name = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight"}[name]
+        w.add_tensor(gguf_name, arr)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def test_a_gemma3_gguf_loads_as_llama_cpp_writes_it(tmp_path, tokenizer, monkeypatch):
+    """Six layers, so llama.cpp's fixed pattern (every 6th global) applies; the oracle is the HF
+    model the file was written from, with llama.cpp's defaults for what the file lacks."""
+    import anycore.loader.gguf_loader as gguf_loader
+
+    cfg = _hf_config(num_hidden_layers=6, layer_types=None, query_pre_attn_scalar=32,
+                     rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                                      "full_attention": {"rope_type": "default", "rope_theta": 1e6}})
+    assert cfg.layer_types[-1] == "full_attention" and cfg.layer_types.count("full_attention") == 1
+    model = _random_model(cfg)
+    _write_gguf(tmp_path / "tiny-gemma3.gguf", model, cfg)
+    # the file carries no vocabulary: the tokenizer is not what this test is about
+    monkeypatch.setattr(gguf_loader, "load_gguf_tokenizer", lambda path: tokenizer)
+    llm = LLM(model=str(tmp_path / "tiny-gemma3.gguf"), dtype="float32", kv_cache_gb=0.01)
+    mc = llm.engine.model_config
+    assert mc.layer_sliding_windows == (WINDOW,) * 5 + (None,) and mc.query_pre_attn_scalar == 32
+    ids = PROMPTS[2]
+    torch.testing.assert_close(llm.engine.next_token_logprobs(ids), _hf_logprobs(model, ids), atol=2e-4, rtol=2e-4)
+    outs = llm.generate([list(p) for p in PROMPTS[:2]], GREEDY)
+    assert [o.outputs[0].token_ids for o in outs] == [hf_greedy(model, p, NEW) for p in PROMPTS[:2]]
