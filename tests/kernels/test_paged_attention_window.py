@@ -106,3 +106,30 @@ def test_window_start():
     assert reference.window_start(100, 10, 8) == 83  # the first of 10 queries (at 90) sees 83..
     assert reference.window_start(5, 5, 8) == 0
     assert reference.window_start(100, 1, 0) == 0  # no window
+
+
+def _batch(q_start, seq_lens, table):
+    from anycore.layers.forward_batch import ForwardBatch
+
+    none = torch.empty(0, dtype=torch.int64)
+    return ForwardBatch(none, none, none, q_start, seq_lens, table, none, [], [])
+
+
+@pytest.mark.parametrize("window", [1, 5, 40, 1000])
+def test_decode_window_view_is_the_window(window):
+    """The decode-only shortcut of the attention layer: plain paged attention over each
+    request's last ``window`` slots equals the windowed op, and holds no older slot."""
+    from anycore.layers.attention import decode_window_view
+
+    decodes = [(37, 1), (5, 1), (1, 1), (45, 1), (12, 1)]
+    q, k_cache, v_cache, q_start, seq_lens, table, scale = _case(decodes, 2, 2, 32, torch.float32)
+    view = decode_window_view(_batch(q_start, seq_lens, table), window)
+    assert view is not None
+    lens, rows = view
+    for i, s in enumerate(seq_lens.tolist()):
+        assert rows[i, : lens[i]].tolist() == table[i, max(0, s - window) : s].tolist()
+    torch.testing.assert_close(reference.paged_attention(q, k_cache, v_cache, q_start, lens, rows, scale),
+                               reference.paged_attention_window(q, k_cache, v_cache, q_start, seq_lens, table, scale,
+                                                                window, 0.0), rtol=1e-6, atol=1e-6)
+    mixed = _case(REQS, 2, 2, 32, torch.float32)
+    assert decode_window_view(_batch(mixed[3], mixed[4], mixed[5]), window) is None
