@@ -18,8 +18,9 @@ express these layers, so ``native_layers()`` returns None and the NativeExecutor
 op by op (the engine logs it, ``anycore doctor`` says which architectures do).
 
 Sliding layers and the KV pool. What holds: a sliding layer's attention reads only the K/V of
-the last ``sliding_window`` positions (``paged_attention_window`` gathers only those slots, for
-prefill chunks and decodes alike). What does not: their older K/V is not freed. A slot is one
+the last ``sliding_window`` positions: ``paged_attention_window`` gathers only those slots, and
+a decode-only batch runs the plain ``paged_attention`` op (native where available) over a slot
+table cut to each request's window (``anycore.layers.attention.decode_window_view``). What does not: their older K/V is not freed. A slot is one
 position in *every* layer of the pool (``[layers, slots, kv_heads, head_dim]``), and the global
 layers need every position, so no slot can be released while its request lives. Freeing the
 sliding layers' share would take a second pool for those layers with its own allocator and a
