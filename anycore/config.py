@@ -102,6 +102,13 @@ class ModelConfig:
     rope_scaling: dict[str, Any] | None = None
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
+    # Gemma 3 (read from the config only for that architecture; the defaults mean "not used"):
+    # per layer, the sliding window (keys a query sees, itself included) or None for a global
+    # layer; () = every layer global
+    layer_sliding_windows: tuple[int | None, ...] = ()
+    rope_local_theta: float | None = None  # RoPE base of the sliding layers (no scaling there)
+    query_pre_attn_scalar: float | None = None  # attention scale = this ** -0.5 (else head_dim)
+    final_logit_softcapping: float | None = None  # logits = cap * tanh(logits / cap)
 
     @classmethod
     def from_hf(cls, hf: dict[str, Any]) -> ModelConfig:
@@ -120,7 +127,7 @@ class ModelConfig:
             rope_theta = rope_theta or params.get("rope_theta")
             if params.get("rope_type", "default") != "default":
                 rope_scaling = params
-        return cls(
+        kw: dict[str, Any] = dict(
             architecture=arch,
             vocab_size=hf["vocab_size"],
             hidden_size=hidden,
@@ -142,6 +149,64 @@ class ModelConfig:
             bos_token_id=hf.get("bos_token_id"),
             eos_token_ids=eos_ids,
         )
+        if arch == "Gemma3ForCausalLM":
+            kw.update(_gemma3_fields(hf))
+        return cls(**kw)
+
+
+def gemma3_layer_types(hf: dict[str, Any]) -> list[str]:
+    """``layer_types`` as Gemma3TextConfig derives it: given, or every ``sliding_window_pattern``-th
+    layer (default 6) global and the rest sliding."""
+    types = hf.get("layer_types")
+    if types:
+        return list(types)
+    pattern = int(hf.get("sliding_window_pattern") or 6)
+    return ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(hf["num_hidden_layers"])]
+
+
+def _gemma3_fields(hf: dict[str, Any]) -> dict[str, Any]:
+    """Gemma 3's extra hyper-parameters, from either config layout: transformers 5's
+    ``rope_parameters`` per layer type, or the older flat ``rope_theta`` / ``rope_local_base_freq``
+    / ``rope_scaling`` (which applies to the global layers only)."""
+    if hf.get("use_bidirectional_attention"):
+        raise ValueError("Gemma 3 with use_bidirectional_attention is not supported (causal decoding only)")
+    if hf.get("attn_logit_softcapping"):
+        # Gemma 2 capped attention scores; transformers' Gemma 3 reads the field but never applies
+        # it (nor does llama.cpp): refused rather than guessing which of the two the file means
+        raise ValueError("Gemma 3 with attn_logit_softcapping is not supported (transformers' Gemma 3 ignores it)")
+    act = hf.get("hidden_activation") or hf.get("hidden_act") or "gelu_pytorch_tanh"
+    if act != "gelu_pytorch_tanh":
+        raise ValueError(f"Gemma 3 with hidden_activation {act!r} is not supported (gelu_pytorch_tanh only)")
+    window = hf.get("sliding_window")
+    types = gemma3_layer_types(hf)
+    unknown = sorted(set(types) - {"sliding_attention", "full_attention"})
+    if unknown:
+        raise ValueError(f"unsupported Gemma 3 layer types {unknown}")
+    if "sliding_attention" in types and not window:
+        raise ValueError("Gemma 3 config has sliding layers but no sliding_window")
+    params = hf.get("rope_parameters")
+    if isinstance(params, dict) and ("full_attention" in params or "sliding_attention" in params):
+        full = dict(params.get("full_attention") or {})
+        local = dict(params.get("sliding_attention") or {})
+        theta = float(full.get("rope_theta") or hf.get("rope_theta") or 1_000_000.0)
+        scaling = full if full.get("rope_type", "default") != "default" else None
+        local_theta = float(local.get("rope_theta") or hf.get("rope_local_base_freq") or 10_000.0)
+        if local.get("rope_type", "default") != "default":
+            raise ValueError("RoPE scaling on Gemma 3's sliding layers is not supported")
+    else:
+        theta = float(hf.get("rope_theta") or 1_000_000.0)
+        scaling = hf.get("rope_scaling")
+        local_theta = float(hf.get("rope_local_base_freq") or 10_000.0)
+    return dict(
+        rope_theta=theta,
+        rope_scaling=scaling,
+        rope_local_theta=local_theta,
+        layer_sliding_windows=tuple(int(window) if t == "sliding_attention" else None for t in types),
+        query_pre_attn_scalar=float(hf.get("query_pre_attn_scalar") or 256),
+        final_logit_softcapping=hf.get("final_logit_softcapping"),
+        qk_norm=True,
+        tie_word_embeddings=bool(hf.get("tie_word_embeddings", True)),
+    )
 
 
 def _env_float(name: str) -> float | None:

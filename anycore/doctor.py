@@ -73,6 +73,10 @@ def run_doctor(features: CpuFeatures | None = None, overrides: str | None = None
                     "thread team, decode_team.cpp; op by op while a projection has hooks, and for MoE "
                     "models, whose sparse layers are one fused_moe call each)" if not unfused
                     else f"op by op from Python: {', '.join(unfused)} not native"))
+    from anycore.models.registry import op_by_op_architectures
+
+    for arch, reason in op_by_op_architectures().items():
+        lines.append(f"  {'':<{width}}  {'op by op':<12}  {arch}: {reason}")
     warnings += sel.warnings
 
     threads = torch.get_num_threads()

@@ -141,6 +141,7 @@ class Engine:
             log.info("Mixture of Experts: %d of %d layers sparse, %d experts, top-%d; the layers run op by op "
                      "(no native decoder stack for a sparse MLP), each sparse layer's experts one fused_moe call",
                      len(mc.moe.moe_layers), mc.num_layers, mc.moe.num_experts, mc.moe.top_k)
+        log.info("decoder layers: %s", self.runner.native.layers_path())
 
     # ---- requests -------------------------------------------------------------------------
     def add_request(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None,

@@ -114,6 +114,17 @@ class NativeExecutor:
             self._geometry = self.model.attention_geometry()
         return self._geometry
 
+    def layers_path(self) -> str:
+        """Which path runs the decoder layers, in words (for the engine's start-up log). Builds
+        nothing: a model that declares no native layout (``native_layers()`` None) names why in
+        its ``op_by_op_reason``."""
+        if self.model.native_layers() is None:
+            reason = getattr(self.model, "op_by_op_reason", "it declares no native layout")
+            return f"op by op ({type(self.model).__name__}: {reason})"
+        if self._layout is None:
+            return "op by op (no native decoder stack: some fused op is not native here)"
+        return "native stack (one call for all layers, where dtype and projections allow)"
+
     # ---- the one-call layer stack -----------------------------------------------------------
     def layers_fn(self, batch: ForwardBatch) -> LayersFn | None:
         """The native stack as the model's layer loop for this batch, or None: op by op."""

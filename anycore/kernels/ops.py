@@ -106,6 +106,15 @@ OP_SPECS: tuple[OpSpec, ...] = (
            doc="fused_moe(x [T, H], router_logits [T, E], w13 [E, 2I, H], w2 [E, H, I], top_k, renormalize, "
                "w13_scale=None, w2_scale=None): one MoE layer's routed experts, combined (anycore.kernels.moe); "
                "int8 weights when the scales are given"),
+    # Gemma 3's ops: torch-native only (no C++ kernels yet; the native decoder stack cannot
+    # express Gemma's layers, so those models run op by op)
+    OpSpec("gemma_rms_norm", reference.gemma_rms_norm, reference.gemma_rms_norm,
+           doc="gemma_rms_norm(x, weight, eps): normed * (1 + weight) in fp32, cast to x's dtype"),
+    OpSpec("gelu_tanh_and_mul", reference.gelu_tanh_and_mul, reference.gelu_tanh_and_mul,
+           doc="gelu_tanh_and_mul(x [.., 2d]) -> [.., d] (GeGLU)"),
+    OpSpec("paged_attention_window", reference.paged_attention_window, torch_native.paged_attention_window,
+           doc="paged_attention_window(q, k_cache, v_cache, q_start_loc, seq_lens, slot_table, scale, window, "
+               "softcap): sliding-window (window > 0) and/or soft-capped (softcap > 0) paged attention"),
 )
 OP_NAMES: tuple[str, ...] = tuple(s.name for s in OP_SPECS)
 # the ops the native decoder stack calls besides the projections, in its op_impls order

@@ -26,6 +26,14 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * xf.to(dtype)
 
 
+def gemma_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Gemma's RMSNorm: normalised and scaled by ``1 + weight`` in fp32, then cast to the input
+    dtype (HF Gemma3RMSNorm; the weight is stored zero-centred)."""
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (xf * (1.0 + weight.float())).to(x.dtype)
+
+
 def add_rms_norm(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -64,6 +72,61 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """``silu(x[:, :d]) * x[:, d:]`` for ``x [num_tokens, 2 * d]``."""
     d = x.shape[-1] // 2
     return torch.nn.functional.silu(x[..., :d]) * x[..., d:]
+
+
+def gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """GeGLU: ``gelu_tanh(x[:, :d]) * x[:, d:]`` for ``x [num_tokens, 2 * d]`` (Gemma's MLP,
+    transformers' ``gelu_pytorch_tanh``)."""
+    d = x.shape[-1] // 2
+    return torch.nn.functional.gelu(x[..., :d], approximate="tanh") * x[..., d:]
+
+
+def window_start(seq_len: int, num_new: int, window: int) -> int:
+    """First position any of the last ``num_new`` queries of a ``seq_len`` sequence can see when
+    each sees only the ``window`` latest keys (itself included); ``window`` 0 = no limit."""
+    return max(0, seq_len - num_new - window + 1) if window > 0 else 0
+
+
+def paged_attention_window(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    q_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    slot_table: torch.Tensor,
+    scale: float,
+    window: int,
+    softcap: float,
+) -> torch.Tensor:
+    """``paged_attention`` where the query at position p sees only keys at positions
+    ``p - window < k <= p`` (``window`` 0: all of ``0..p``; transformers' sliding-window mask),
+    and scores are soft-capped ``softcap * tanh(s / softcap)`` before the mask (0: none).
+    Keys outside every query's window are never read."""
+    out = torch.empty_like(q)
+    num_heads, num_kv_heads = q.shape[1], k_cache.shape[1]
+    group = num_heads // num_kv_heads
+    starts = q_start_loc.tolist()
+    for i, seq_len in enumerate(seq_lens.tolist()):
+        q_i = q[starts[i] : starts[i + 1]]  # [n, H, D]
+        n = q_i.shape[0]
+        if n == 0:
+            continue
+        first = window_start(seq_len, n, window)
+        slots = slot_table[i, first:seq_len].long()
+        k = k_cache[slots].repeat_interleave(group, dim=1)  # [L', H, D]
+        v = v_cache[slots].repeat_interleave(group, dim=1)
+        scores = torch.einsum("nhd,lhd->hnl", q_i.float(), k.float()) * scale
+        if softcap > 0:
+            scores = torch.tanh(scores / softcap) * softcap
+        q_pos = torch.arange(seq_len - n, seq_len)[:, None]
+        k_pos = torch.arange(first, seq_len)[None, :]
+        hidden = k_pos > q_pos
+        if window > 0:
+            hidden |= k_pos <= q_pos - window
+        scores = scores.masked_fill(hidden, float("-inf"))
+        probs = scores.softmax(dim=-1)
+        out[starts[i] : starts[i + 1]] = torch.einsum("hnl,lhd->nhd", probs, v.float()).to(q.dtype)
+    return out
 
 
 def paged_attention(

@@ -12,7 +12,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-__all__ = ["paged_attention"]
+from anycore.kernels import reference
+
+__all__ = ["paged_attention", "paged_attention_window"]
 
 
 def paged_attention(
@@ -73,3 +75,60 @@ def _decode_batch(q, k_cache, v_cache, starts, lens, slot_table, scale, rows, ou
         enable_gqa=q.shape[1] != k_cache.shape[1],
     )
     out[q_rows] = o[:, :, 0, :]
+
+
+def paged_attention_window(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    q_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    slot_table: torch.Tensor,
+    scale: float,
+    window: int,
+    softcap: float,
+) -> torch.Tensor:
+    """SDPA over each request's window only (the slots of keys no query can see are not
+    gathered); decodes batched into one padded call. Soft-capped scores need the scores
+    themselves, so ``softcap`` > 0 runs the reference."""
+    if softcap > 0:
+        return reference.paged_attention_window(q, k_cache, v_cache, q_start_loc, seq_lens, slot_table, scale,
+                                                window, softcap)
+    out = torch.empty_like(q)
+    gqa = q.shape[1] != k_cache.shape[1]
+    q_lens = (q_start_loc[1:] - q_start_loc[:-1]).tolist()
+    lens = seq_lens.tolist()
+    starts = q_start_loc.tolist()
+    decode = [i for i, n in enumerate(q_lens) if n == 1]
+    if decode:
+        firsts = [reference.window_start(lens[i], 1, window) for i in decode]
+        spans = [lens[i] - f for i, f in zip(decode, firsts)]
+        width = max(spans)
+        offsets = torch.arange(width)[None, :]
+        first_t = torch.tensor(firsts)[:, None]
+        valid = offsets < torch.tensor(spans)[:, None]  # [B, W]
+        cols = torch.where(valid, first_t + offsets, first_t)  # (padding reads the first key again)
+        table = slot_table[torch.tensor(decode)[:, None], cols].long()
+        k = k_cache[table].transpose(1, 2)  # [B, KV, W, D]
+        v = v_cache[table].transpose(1, 2)
+        q_rows = torch.tensor([starts[i] for i in decode])
+        o = F.scaled_dot_product_attention(q[q_rows][:, :, None, :], k, v, attn_mask=valid[:, None, None, :],
+                                           scale=scale, enable_gqa=gqa)
+        out[q_rows] = o[:, :, 0, :]
+    for i, n in enumerate(q_lens):
+        if n <= 1:
+            continue
+        seq_len = lens[i]
+        first = reference.window_start(seq_len, n, window)
+        slots = slot_table[i, first:seq_len].long()
+        k = k_cache[slots].transpose(0, 1)  # [KV, L', D]
+        v = v_cache[slots].transpose(0, 1)
+        qi = q[starts[i] : starts[i] + n].transpose(0, 1)  # [H, n, D]
+        q_pos = torch.arange(seq_len - n, seq_len)[:, None]
+        k_pos = torch.arange(first, seq_len)[None, :]
+        mask = k_pos <= q_pos
+        if window > 0:
+            mask &= k_pos > q_pos - window
+        o = F.scaled_dot_product_attention(qi, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
+        out[starts[i] : starts[i] + n] = o.transpose(0, 1)
+    return out

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -31,3 +31,6 @@ class ForwardBatch:
     # layer stack); None where a caller has only per-layer caches
     k_pool: torch.Tensor | None = None
     v_pool: torch.Tensor | None = None
+    # sliding window -> (seq_lens, slot_table) of the window's slots for a decode-only batch, or
+    # None (anycore.layers.attention.decode_window_view; made once per batch, shared by layers)
+    window_views: dict[int, tuple[torch.Tensor, torch.Tensor] | None] = field(default_factory=dict)

@@ -2,6 +2,12 @@
 
 llama.cpp's converter permutes the rows of Q and K of Llama-architecture models into the
 interleaved-pair RoPE layout; we undo that so every model runs the HF rotate-half RoPE.
+
+Gemma 3: llama.cpp's converter stores every RMSNorm weight with the 1 of Gemma's ``1 + weight``
+already added (its norm is a plain multiply); we subtract it back, as transformers' GGUF loader
+does, so the model sees HF's zero-centred weights. Metadata llama.cpp does not write (it
+hard-codes them for gemma3) take llama.cpp's values: every 6th layer global, local RoPE base
+10000, attention scale from head_dim (hidden / heads for the 62-layer 27B).
 """
 
 from __future__ import annotations
@@ -27,10 +33,13 @@ _ARCHS = {
     "qwen3moe": ("Qwen3MoeForCausalLM", False),
     # (no olmoe: the vocabulary is converted by transformers' GGUF reader, which lacks it)
     # Mixtral is written as "llama" with experts (see gguf_hf_config)
+    "gemma3": ("Gemma3ForCausalLM", False),
 }
 # whether llama.cpp renormalises the top-k routing weights, when the file has no
 # {arch}.expert_weights_norm: what its graph for each architecture does
 _NORM_TOPK = {"llama": True, "qwen3moe": True, "qwen2moe": False}
+# GGUF architectures that store Gemma's zero-centred norm weights with 1 added
+_NORMS_PLUS_ONE = {"gemma3"}
 
 _LAYER_NAMES = {
     "attn_q": "self_attn.q_proj",
@@ -55,15 +64,23 @@ _LAYER_NAMES = {
     "ffn_up_shexp": "mlp.shared_expert.up_proj",
     "ffn_down_shexp": "mlp.shared_expert.down_proj",
 }
+# per architecture, the names that differ from _LAYER_NAMES (Gemma 3's four norms per layer)
+_ARCH_LAYER_NAMES = {
+    "gemma3": {
+        "post_attention_norm": "post_attention_layernorm",
+        "ffn_norm": "pre_feedforward_layernorm",
+        "post_ffw_norm": "post_feedforward_layernorm",
+    },
+}
 _GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 _BLOCK = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)$")
 
 
-def hf_name(gguf_name: str) -> str | None:
+def hf_name(gguf_name: str, arch: str = "llama") -> str | None:
     m = _BLOCK.match(gguf_name)
     if m:
         layer, part, kind = m.groups()
-        mapped = _LAYER_NAMES.get(part)
+        mapped = _ARCH_LAYER_NAMES.get(arch, {}).get(part) or _LAYER_NAMES.get(part)
         return f"model.layers.{layer}.{mapped}.{kind}" if mapped else None
     base, _, kind = gguf_name.rpartition(".")
     mapped = _GLOBAL_NAMES.get(base)
@@ -134,7 +151,38 @@ def gguf_hf_config(reader: Any) -> dict[str, Any]:
             "factor": float(g("rope.scaling.factor", 1.0)),
             "original_max_position_embeddings": int(g("rope.scaling.original_context_length", 0)) or None,
         }
+    if arch == "gemma3":
+        cfg.update(_gemma3_config(reader, g, cfg))
     return cfg
+
+
+def _gemma3_config(reader: Any, g: Any, cfg: dict[str, Any]) -> dict[str, Any]:
+    """Gemma3TextConfig fields from gemma3.* metadata (llama.cpp's defaults where it writes none)."""
+    layers = cfg["num_hidden_layers"]
+    pattern = g("attention.sliding_window_pattern", 6)
+    if isinstance(pattern, list):  # per layer: True = sliding
+        types = ["sliding_attention" if p else "full_attention" for p in pattern]
+    else:
+        types = ["sliding_attention" if (i + 1) % int(pattern) else "full_attention" for i in range(layers)]
+    scalar = cfg["hidden_size"] // cfg["num_attention_heads"] if layers == 62 else cfg["head_dim"]
+    out: dict[str, Any] = {
+        "model_type": "gemma3_text",
+        "sliding_window": int(g("attention.sliding_window")),
+        "layer_types": types,
+        "rope_local_base_freq": float(g("rope.freq_base_swa", 10000.0)),
+        "query_pre_attn_scalar": scalar,
+        "final_logit_softcapping": g("final_logit_softcapping"),
+        "attn_logit_softcapping": g("attn_logit_softcapping"),  # (refused when set, see config.py)
+        "hidden_activation": "gelu_pytorch_tanh",
+    }
+    # chat turns end with <end_of_turn>: a stop token besides <eos>, as in Gemma's generation config
+    tokens = reader.fields.get("tokenizer.ggml.tokens")
+    eot = _field(reader, "tokenizer.ggml.eot_token_id")
+    if eot is None and tokens is not None:
+        eot = next((i for i, t in enumerate(tokens.contents()) if t == "<end_of_turn>"), None)
+    if eot is not None and cfg.get("eos_token_id") is not None and eot != cfg["eos_token_id"]:
+        out["eos_token_id"] = [cfg["eos_token_id"], int(eot)]
+    return out
 
 
 def open_gguf(path: Path) -> ModelSource:
@@ -144,10 +192,12 @@ def open_gguf(path: Path) -> ModelSource:
     reader = GGUFReader(str(path))
     hf = gguf_hf_config(reader)
     config = ModelConfig.from_hf(hf)
-    permuted = _ARCHS[_field(reader, "general.architecture")][1]
+    arch = _field(reader, "general.architecture")
+    permuted = _ARCHS[arch][1]
+    norms_plus_one = arch in _NORMS_PLUS_ONE
     raw = {}
     for t in reader.tensors:
-        name = hf_name(t.name)
+        name = hf_name(t.name, arch)
         if name is not None:
             raw[name] = t
 
@@ -161,6 +211,8 @@ def open_gguf(path: Path) -> ModelSource:
             arr = _unpermute(arr, config.num_heads)
         elif permuted and name.endswith("self_attn.k_proj.weight"):
             arr = _unpermute(arr, config.num_kv_heads)
+        elif norms_plus_one and name.endswith("norm.weight"):
+            arr = arr - np.float32(1.0)  # (in fp32, as transformers' GGUF loader does)
         return torch.from_numpy(np.array(arr, dtype=np.float32, copy=True)).to(dtype)
 
     tokenizer = load_gguf_tokenizer(path)

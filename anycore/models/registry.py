@@ -33,6 +33,13 @@ def supported_architectures() -> list[str]:
     return sorted(_REGISTRY)
 
 
+def op_by_op_architectures() -> dict[str, str]:
+    """Architectures whose class says it always runs op by op (``op_by_op_reason``) -> why."""
+    _import_models()
+    return {arch: cls.op_by_op_reason for arch, cls in sorted(_REGISTRY.items())
+            if getattr(cls, "op_by_op_reason", None)}
+
+
 def check_supported(architecture: str) -> None:
     """Raises a ValueError naming the architecture when no model class implements it."""
     _import_models()
