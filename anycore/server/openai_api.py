@@ -145,6 +145,7 @@ async def _respond(request: Request, ctx: ServerContext, job: _Job, build, strea
 async def chat_completions(body: ChatCompletionRequest, request: Request,
                            ctx: Ctx) -> Response:
     model = ctx.check_model(body.model)
+    body.check_unsupported()
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     if body.top_logprobs is not None and not body.logprobs:
         raise InvalidRequest("top_logprobs requires logprobs=true", param="top_logprobs")

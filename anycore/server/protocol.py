@@ -171,6 +171,29 @@ class ChatCompletionRequest(SamplingFields):
     tools: list[ToolDef] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool = True
+    # OpenAI fields this server does not implement: set, they get 400 naming them (ignoring them
+    # would hand back something other than what was asked for: audio, a predicted output, web
+    # search, the legacy function-calling fields, reasoning controls for a model without them)
+    audio: Any = None
+    modalities: list[str] | None = None  # ["text"] is what every answer is, so that one is fine
+    prediction: Any = None
+    web_search_options: Any = None
+    functions: Any = None
+    function_call: Any = None
+    reasoning_effort: str | None = None
+    verbosity: str | None = None
+    # OpenAI platform bookkeeping with no effect on the output; accepted and not used, as vLLM
+    # does: metadata, store, service_tier, prompt_cache_key, safety_identifier (and `user`)
+
+    def check_unsupported(self) -> None:
+        """Raises InvalidRequest (400, naming the field) for a set field this server does not implement."""
+        for name in ("audio", "prediction", "web_search_options", "functions", "function_call",
+                     "reasoning_effort", "verbosity"):
+            if getattr(self, name) is not None:
+                hint = "; use tools and tool_choice" if name.startswith("function") else ""
+                raise InvalidRequest(f"{name} is not supported by this server{hint}", param=name)
+        if self.modalities is not None and any(m != "text" for m in self.modalities):
+            raise InvalidRequest("only the 'text' modality is supported", param="modalities")
 
 
 class CompletionRequest(SamplingFields):

@@ -130,3 +130,11 @@ def test_native_generate_tokenize_detokenize(server):
     streamed = [json.loads(e) for e in events[:-1]]
     assert [t for e in streamed for t in e["output_ids"]] == g["output_ids"]
     assert "".join(e["text"] for e in streamed) == g["text"] and streamed[-1]["finished"]
+
+
+def test_platform_bookkeeping_fields_are_accepted_and_change_nothing(client):
+    plain = client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=6, temperature=0)
+    tagged = client.chat.completions.create(
+        model=MODEL, messages=CHAT, max_tokens=6, temperature=0, user="u1", metadata={"k": "v"}, store=False,
+        service_tier="auto", modalities=["text"], extra_body={"prompt_cache_key": "c", "safety_identifier": "s"})
+    assert tagged.choices[0].message.content == plain.choices[0].message.content
