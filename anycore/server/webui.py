@@ -90,6 +90,8 @@ def engine_info(ctx: ServerContext) -> dict[str, Any]:
                    "prompt_tokens": m.prompt_tokens, "cached_prompt_tokens": m.cached_prompt_tokens,
                    "generation_tokens": m.generation_tokens},
         "bench_results": ctx.config.bench_results is not None,
+        # the start-up decode self-check (engine/self_check.py); null until it ran, or with --no-self-check
+        "self_check": ae.self_check.as_dict() if ae.self_check is not None else None,
     }
     if ready:
         # only what the load fixed (config, sizes, the kernel table), never live engine state,
