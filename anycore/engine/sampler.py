@@ -15,9 +15,9 @@ import numpy as np
 import torch
 
 from anycore.engine.grammar import banned_tokens, bitmask_words
+from anycore.scheduler.request import Request, TokenLogprob
 
 GRAMMAR_BAN = 1e30  # subtracted from the logits of the tokens a grammar rules out
-from anycore.scheduler.request import Request, TokenLogprob
 
 
 @dataclass
