@@ -12,8 +12,8 @@ from torch import nn
 from anycore.engine.native_executor import NativeExecutor
 from anycore.engine.prompt_logprobs import PromptLogprobPiece, gather_prompt_logprobs, logits_layout
 from anycore.engine.sampler import sample_requests
-from anycore.engine.spec_verify import verify_drafts
 from anycore.engine.slot_rows import SlotRows
+from anycore.engine.spec_verify import verify_drafts
 from anycore.kernels.ops import KernelOps
 from anycore.layers.forward_batch import ForwardBatch
 from anycore.scheduler.request import TokenLogprob
