@@ -124,7 +124,9 @@ class EngineConfig:
     # same distribution). A request with a draft verifies it instead of taking the native
     # greedy decode (decode_burst); without one it decodes as usual
     speculative_algorithm: str | None = None
-    num_speculative_tokens: int = 4  # draft tokens per verify step (k)
+    # draft tokens per verify step (k); 3: a verify of 4 rows still runs the native bf16 GEMV
+    # (kNativeLinearMaxRows, csrc/common/decoder_layout.h), 5 rows fall to oneDNN at ~1.5x the time
+    num_speculative_tokens: int = 3
     ngram_prompt_lookup_max: int = 4  # the longest context suffix matched
     ngram_prompt_lookup_min: int = 2  # the shortest
     # running requests above which (seeded samplers excepted) nobody speculates: a big batch is
@@ -132,7 +134,7 @@ class EngineConfig:
     speculative_max_batch: int = 4
     # a request whose accepted fraction of draft tokens (EWMA) falls below this backs off for a
     # growing number of steps
-    speculative_min_acceptance: float = 0.15
+    speculative_min_acceptance: float = 0.3
 
     def speculative_config(self):  # -> anycore.spec.policy.SpeculativeConfig | None
         """The speculative decoding settings (validated), or None when it is off."""

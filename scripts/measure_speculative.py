@@ -94,21 +94,24 @@ def speedup(llm: LLM, reps: int, tokens: int, k: int) -> None:
                 before = spec.totals.num_verify_steps, spec.totals.num_accepted_tokens
                 n0 = next(iter(eng._requests.values())).num_output_tokens
                 t0 = time.perf_counter()
-                result = []
+                result = None
+                got: list[int] = []
                 while eng.has_unfinished():
                     for o in eng.step():
+                        got += o.new_token_ids
                         if o.finished:
                             result = o
                 elapsed = time.perf_counter() - t0
                 rates[mode].append((result.num_output_tokens - n0) / elapsed)
-                outputs[mode] = result.num_output_tokens
+                outputs[mode] = got
                 if mode == "spec":
                     steps = spec.totals.num_verify_steps - before[0]
                     acc = spec.totals.num_accepted_tokens - before[1]
                     accept.append(1 + acc / steps if steps else 0.0)
         eng.scheduler.speculator = None
         p, s = statistics.median(rates["plain"]), statistics.median(rates["spec"])
-        print(f" {name:7s} {p:11.1f}  {s:10.1f}  {s / p:7.2f}  {statistics.median(accept):10.2f}")
+        same = outputs["plain"] == outputs["spec"]
+        print(f" {name:7s} {p:11.1f}  {s:10.1f}  {s / p:7.2f}  {statistics.median(accept):10.2f}  {same}")
 
 
 def main() -> None:
@@ -117,7 +120,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--tokens", type=int, default=96)
     ap.add_argument("--steps", type=int, default=8)
-    ap.add_argument("-k", type=int, default=4)
+    ap.add_argument("-k", type=int, default=3)
     args = ap.parse_args()
     llm = LLM(kv_cache_gb=0.25, speculative_algorithm="ngram")
     print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")

@@ -29,11 +29,11 @@ _MAX_BACKOFF = 64  # steps
 @dataclass(frozen=True)
 class SpeculativeConfig:
     algorithm: str = "ngram"
-    num_tokens: int = 4  # draft tokens per verify step (k)
+    num_tokens: int = 3  # draft tokens per verify step (k)
     ngram_max: int = 4
     ngram_min: int = 2
     max_batch: int = 4  # running requests above which nobody (but seeded samplers) speculates
-    min_acceptance: float = 0.15  # accepted / proposed EWMA below which a request backs off
+    min_acceptance: float = 0.3  # accepted / proposed EWMA below which a request backs off
 
     def __post_init__(self) -> None:
         if self.algorithm not in ALGORITHMS:

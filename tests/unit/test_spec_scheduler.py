@@ -17,6 +17,7 @@ def req(rid: str, prompt: list[int], max_tokens: int = 32, **kw) -> Request:
 
 
 def sched(num_slots=1000, budget=64, seqs=8, **spec) -> Scheduler:
+    spec.setdefault("num_tokens", 4)
     return Scheduler(KVCacheManager(num_slots), budget, seqs, speculator=Speculator(SpeculativeConfig(**spec)))
 
 
