@@ -119,8 +119,8 @@ class EngineConfig:
     # online quantization only: the token embedding table too (int8 rows; a tied table needs
     # quantize_lm_head, since a float head would keep it); off by default
     quantize_embedding: bool = False
-    # speculative decoding (anycore/spec/): None off; "ngram" drafts by prompt lookup and the
-    # model verifies 1 + k tokens per step, losslessly (greedy: the same tokens; sampling: the
+    # speculative decoding (anycore/spec/): None off; "ngram" drafts by prompt lookup, "draft"
+    # with a small model (speculative_model / speculative_draft_layers); the target verifies 1 + k tokens per step, losslessly (greedy: the same tokens; sampling: the
     # same distribution). A request with a draft verifies it instead of taking the native
     # greedy decode (decode_burst); without one it decodes as usual
     speculative_algorithm: str | None = None
@@ -135,6 +135,10 @@ class EngineConfig:
     # a request whose accepted fraction of draft tokens (EWMA) falls below this backs off for a
     # growing number of steps
     speculative_min_acceptance: float = 0.3
+    # speculative_algorithm "draft": a small checkpoint sharing the target's vocabulary, or
+    # the target's own first N layers (plus its final norm and head) as a self-draft
+    speculative_model: str | None = None
+    speculative_draft_layers: int | None = None
 
     def speculative_config(self):  # -> anycore.spec.policy.SpeculativeConfig | None
         """The speculative decoding settings (validated), or None when it is off."""
@@ -144,7 +148,8 @@ class EngineConfig:
 
         return SpeculativeConfig(self.speculative_algorithm, self.num_speculative_tokens,
                                  self.ngram_prompt_lookup_max, self.ngram_prompt_lookup_min,
-                                 self.speculative_max_batch, self.speculative_min_acceptance)
+                                 self.speculative_max_batch, self.speculative_min_acceptance,
+                                 self.speculative_model, self.speculative_draft_layers)
 
     def resolved_kv_cache_gb(self) -> float:
         if self.kv_cache_gb is not None:

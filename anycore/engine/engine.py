@@ -37,6 +37,7 @@ from anycore.outputs import EngineStats, StepOutput
 from anycore.sampling_params import SamplingParams
 from anycore.scheduler.request import Request, TokenLogprob
 from anycore.scheduler.scheduler import ScheduledRequest, Scheduler, SchedulerOutput
+from anycore.spec.draft_model import DraftModelSpeculator, load_draft_model
 from anycore.spec.policy import Speculator
 
 log = logging.getLogger("anycore")
@@ -95,7 +96,13 @@ class Engine:
         self.kv_pool = KVPool(mc.num_layers, num_slots, mc.num_kv_heads, mc.head_dim, self.dtype)
         self.kv = KVCacheManager(num_slots, config.enable_prefix_caching)
         spec = config.speculative_config()
-        self.speculator = Speculator(spec) if spec is not None else None
+        self.speculator: Speculator | None = None
+        if spec is not None and spec.algorithm == "draft":
+            draft = load_draft_model(config.model, mc, self.ops, self.dtype, max_len, spec.draft_model,
+                                     spec.draft_layers)
+            self.speculator = DraftModelSpeculator(spec, draft, self.ops, num_slots, self.dtype)
+        elif spec is not None:
+            self.speculator = Speculator(spec)
         self.scheduler = Scheduler(self.kv, config.max_num_batched_tokens, config.max_num_seqs, config.policy,
                                    self.speculator)
         self.runner = ModelRunner(self.model, self.kv_pool, self.ops)

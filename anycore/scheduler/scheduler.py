@@ -239,6 +239,8 @@ class Scheduler:
 
     def _preempt(self, req: Request) -> None:
         self.kv.release(req)
+        if self.speculator is not None:
+            self.speculator.release(req)
         req.num_computed_tokens = 0
         req.status = RequestStatus.WAITING
         req.num_preemptions += 1
@@ -306,5 +308,7 @@ class Scheduler:
         elif req in self.waiting:
             self.waiting.remove(req)
         self.kv.release(req)
+        if self.speculator is not None:
+            self.speculator.release(req)
         req.status = RequestStatus.FINISHED
         req.finish_reason = reason

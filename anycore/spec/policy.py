@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from anycore.scheduler.request import Request
 from anycore.spec.ngram import propose_ngram
 
-ALGORITHMS = ("ngram",)
+ALGORITHMS = ("ngram", "draft")
 
 _EWMA_WEIGHT = 0.3  # of the newest verify step in a request's acceptance average
 _MAX_BACKOFF = 64  # steps
@@ -34,6 +34,9 @@ class SpeculativeConfig:
     ngram_min: int = 2
     max_batch: int = 4  # running requests above which nobody (but seeded samplers) speculates
     min_acceptance: float = 0.3  # accepted / proposed EWMA below which a request backs off
+    # "draft": a checkpoint with the target's vocabulary, or the target's first N layers
+    draft_model: str | None = None
+    draft_layers: int | None = None
 
     def __post_init__(self) -> None:
         if self.algorithm not in ALGORITHMS:
@@ -46,6 +49,11 @@ class SpeculativeConfig:
             raise ValueError("speculative_max_batch must be >= 1")
         if not 0.0 <= self.min_acceptance < 1.0:
             raise ValueError("speculative_min_acceptance must be in [0, 1)")
+        if self.algorithm == "draft" and (self.draft_model is None) == (self.draft_layers is None):
+            raise ValueError("speculative_algorithm 'draft' needs exactly one of speculative_model and "
+                             "speculative_draft_layers")
+        if self.algorithm != "draft" and (self.draft_model is not None or self.draft_layers is not None):
+            raise ValueError("speculative_model / speculative_draft_layers need speculative_algorithm 'draft'")
 
 
 @dataclass
@@ -65,7 +73,9 @@ class SpecTotals:
 
 
 class Speculator:
-    """The scheduler's proposer: ``propose`` while planning a step, ``observe`` in ``update``."""
+    """The scheduler's proposer: ``propose`` while planning a step, ``observe`` in ``update``,
+    ``release`` when a request leaves the running batch. This class drafts by prompt lookup;
+    spec/draft_model.py drafts with a model."""
 
     def __init__(self, config: SpeculativeConfig) -> None:
         self.config = config
@@ -73,18 +83,28 @@ class Speculator:
 
     def propose(self, req: Request, limit: int, batch_size: int) -> list[int]:
         """Draft tokens for a decoding request (at most ``limit``), or [] for a plain decode."""
+        if not self._may_propose(req, limit, batch_size):
+            return []
+        c = self.config
+        return propose_ngram(req.all_token_ids, min(c.num_tokens, limit), c.ngram_max, c.ngram_min)
+
+    def _may_propose(self, req: Request, limit: int, batch_size: int) -> bool:
+        """The request may speculate this step (and its back-off clock ticks when not)."""
         c = self.config
         if limit <= 0 or not req.params.speculative or not req.can_speculate:
-            return []
+            return False
         if batch_size > c.max_batch and not (req.params.seed is not None and req.params.temperature > 0):
-            return []
+            return False
         state = req.spec_state
         if state is None:
             state = req.spec_state = SpecState()
         if state.skip > 0:
             state.skip -= 1
-            return []
-        return propose_ngram(req.all_token_ids, min(c.num_tokens, limit), c.ngram_max, c.ngram_min)
+            return False
+        return True
+
+    def release(self, req: Request) -> None:
+        """``req`` finished or was preempted (a draft model frees its KV of it)."""
 
     def observe(self, req: Request, proposed: int, accepted: int) -> None:
         """A verify step of ``req`` accepted ``accepted`` of its ``proposed`` draft tokens."""

@@ -108,3 +108,28 @@ def test_a_request_may_opt_out(tiny):
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, speculative=False)
     spec.generate(PROMPTS, params)
     assert spec.engine.stats().spec_verify_steps == before
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory, tokenizer):
+    folder = tmp_path_factory.mktemp("draft-target")
+    write_checkpoint(folder, "llama-untied-llama3-rope", tokenizer)
+    return folder, LLM(model=str(folder), dtype="float32", kv_cache_gb=0.01)
+
+
+@pytest.mark.parametrize("draft", [dict(speculative_model="same"), dict(speculative_draft_layers=1)])
+def test_draft_model_greedy_output_is_identical(tiny_llama, draft):
+    folder, base = tiny_llama
+    if draft.get("speculative_model") == "same":  # the target as its own draft: every draft right
+        draft = dict(speculative_model=str(folder))
+    spec = LLM(model=str(folder), dtype="float32", kv_cache_gb=0.01, speculative_algorithm="draft", **draft)
+    expected = [o.token_ids for o in base.generate(PROMPTS, GREEDY)]
+    for prompt, want in zip(PROMPTS, expected):
+        assert spec.generate([prompt], GREEDY)[0].token_ids == want
+    assert [o.token_ids for o in spec.generate(PROMPTS, GREEDY)] == expected
+    stats = spec.engine.stats()
+    assert stats.spec_verify_steps > 0
+    if "speculative_model" in draft:
+        assert stats.spec_acceptance_rate > 0.9
+    assert_no_slot_leaked(spec)
+    assert spec.engine.speculator.num_slots_held == 0  # the draft model's KV given back too
