@@ -27,7 +27,9 @@ class PartlyRightDrafts(Speculator):
     def propose(self, req: Request, limit: int, batch_size: int) -> list[int]:
         if limit <= 0 or not req.can_speculate:
             return []
-        ref = self.reference[tuple(req.prompt_token_ids)]
+        ref = self.reference.get(tuple(req.prompt_token_ids))
+        if ref is None:
+            return []
         # ref[i] is output token i; the draft continues after the last known token
         done = req.num_output_tokens
         draft = ref[done : done + min(self.config.num_tokens, limit)]
@@ -133,3 +135,43 @@ def test_draft_model_greedy_output_is_identical(tiny_llama, draft):
         assert stats.spec_acceptance_rate > 0.9
     assert_no_slot_leaked(spec)
     assert spec.engine.speculator.num_slots_held == 0  # the draft model's KV given back too
+
+
+def test_verify_steps_beside_a_request_collecting_prompt_logprobs(tiny):
+    """One step holds a verify span and a prompt-logprobs span: both get their own rows."""
+    base, spec = tiny
+    lp = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, prompt_logprobs=2)
+    late = list(range(100, 140))
+    want_tokens = base.generate([PROMPTS[2]], GREEDY)[0].token_ids
+    want_lp = base.generate([late], lp)[0]
+    eng = spec.engine
+    original = eng.scheduler.speculator
+    eng.scheduler.speculator = PartlyRightDrafts({tuple(PROMPTS[2]): want_tokens})
+    eng.add_request(PROMPTS[2], GREEDY, request_id="spec")
+    while not any(r.num_output_tokens for r in eng._requests.values()):
+        eng.step()
+    mixed = []
+    execute = eng.runner.execute
+
+    def spy(out):
+        mixed.append(any(x.draft_tokens for x in out.scheduled)
+                     and any(x.request.needs_prompt_logprobs for x in out.scheduled))
+        return execute(out)
+
+    eng.runner.execute = spy
+    eng.add_request(late, lp, request_id="lp")
+    tokens: dict[str, list[int]] = {"spec": [], "lp": []}
+    prompt_lps = None
+    tokens["spec"] = list(eng._requests["spec"].output_token_ids)
+    while eng.has_unfinished():
+        for o in eng.step():
+            tokens[o.request_id] += o.new_token_ids
+            if o.prompt_logprobs is not None:
+                prompt_lps = o.prompt_logprobs
+    del eng.runner.execute
+    eng.scheduler.speculator = original
+    assert tokens["spec"] == want_tokens and tokens["lp"] == want_lp.token_ids
+    assert mixed[0]  # the prompt-logprobs prefill ran in a verify step
+    got = [(e.token_id, round(e.logprob, 4)) for e in prompt_lps[1:]]
+    assert got == [(e.token_id, round(e.logprob, 4)) for e in want_lp.prompt_logprobs[1:]]
+    assert_no_slot_leaked(spec)

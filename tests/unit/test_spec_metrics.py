@@ -23,7 +23,10 @@ def test_acceptance_rate_and_length_are_rendered():
 
 @pytest.mark.parametrize("bad", [dict(speculative_algorithm="medusa"), dict(speculative_algorithm="ngram",
                                  num_speculative_tokens=0), dict(speculative_algorithm="ngram",
-                                 ngram_prompt_lookup_min=5, ngram_prompt_lookup_max=3)])
+                                 ngram_prompt_lookup_min=5, ngram_prompt_lookup_max=3),
+                                 dict(speculative_algorithm="draft"),  # neither a model nor layers
+                                 dict(speculative_algorithm="draft", speculative_model="m", speculative_draft_layers=2),
+                                 dict(speculative_algorithm="ngram", speculative_draft_layers=2)])
 def test_bad_speculative_settings_are_refused(bad):
     with pytest.raises(ValueError):
         EngineConfig(**bad)
