@@ -75,9 +75,16 @@ def prompts(llm: LLM) -> dict[str, list[int]]:
             for name, c in tasks.items()}
 
 
-def speedup(llm: LLM, reps: int, tokens: int, k: int) -> None:
+def speedup(llm: LLM, reps: int, tokens: int, k: int, draft_layers: int | None) -> None:
     eng = llm.engine
     spec = Speculator(SpeculativeConfig(num_tokens=k))
+    if draft_layers:  # a self-draft: the target's first layers and its head
+        from anycore.spec.draft_model import DraftModelSpeculator, load_draft_model
+
+        model = load_draft_model(None, eng.model_config, eng.ops, eng.dtype, eng.max_model_len, None, draft_layers)
+        spec = DraftModelSpeculator(SpeculativeConfig("draft", num_tokens=k, draft_layers=draft_layers), model,
+                                    eng.ops, eng.kv.num_slots, eng.dtype)
+        print(f"drafts: the target's first {draft_layers} of {eng.model_config.num_layers} layers")
     params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
     print(f"batch-1 greedy decode, {tokens} tokens, k={k}, {reps} interleaved runs each, medians:")
     print(" task    plain_tok/s  spec_tok/s  speedup  accept_len  same_tokens")
@@ -121,13 +128,14 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=96)
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("-k", type=int, default=3)
+    ap.add_argument("--draft-layers", type=int, default=None, help="draft with a self-draft of N layers, not n-grams")
     args = ap.parse_args()
     llm = LLM(kv_cache_gb=0.25, speculative_algorithm="ngram")
     print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
     if args.what in ("cost", "both"):
         cost(llm, args.k, args.steps)
     if args.what in ("speedup", "both"):
-        speedup(llm, args.reps, args.tokens, args.k)
+        speedup(llm, args.reps, args.tokens, args.k, args.draft_layers)
     print(f"load average {os.getloadavg()[0]:.2f}")
 
 
