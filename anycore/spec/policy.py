@@ -10,7 +10,8 @@ verified token costs compute: above ``max_batch`` running requests nobody specul
 
 Reproducibility: a seeded sampling request's random draws depend on whether it speculated, so
 its decision must not depend on other requests. It ignores the batch-size rule (its back-off
-depends only on its own tokens). Greedy requests give the same tokens either way.
+depends only on its own tokens; a step whose token budget or KV pool leaves no room for its draft
+still changes it). Greedy requests give the same tokens either way.
 """
 
 from __future__ import annotations

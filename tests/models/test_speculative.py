@@ -175,3 +175,21 @@ def test_verify_steps_beside_a_request_collecting_prompt_logprobs(tiny):
     got = [(e.token_id, round(e.logprob, 4)) for e in prompt_lps[1:]]
     assert got == [(e.token_id, round(e.logprob, 4)) for e in want_lp.prompt_logprobs[1:]]
     assert_no_slot_leaked(spec)
+
+
+def test_logit_bias_and_temperature_rows_are_processed_like_the_sampler(tiny):
+    """Greedy with a logit bias (verified rows get the bias too) gives the same tokens; the
+    bias must change the output for this to test anything."""
+    base, spec = tiny
+    plain = base.generate([PROMPTS[2]], GREEDY)[0].token_ids
+    biased = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logit_bias={plain[3]: -100.0})
+    expected = base.generate([PROMPTS[2]], biased)[0].token_ids
+    assert expected != plain
+    oracle = PartlyRightDrafts({tuple(PROMPTS[2]): expected})
+    original = spec.engine.scheduler.speculator
+    spec.engine.scheduler.speculator = oracle
+    try:
+        assert spec.generate([PROMPTS[2]], biased)[0].token_ids == expected
+    finally:
+        spec.engine.scheduler.speculator = original
+    assert oracle.totals.num_accepted_tokens > 0
