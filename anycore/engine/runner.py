@@ -150,7 +150,8 @@ class ModelRunner:
     def execute(self, out: SchedulerOutput) -> tuple[dict[str, list[int]], dict[str, list[TokenLogprob]],
                                                      dict[str, PromptLogprobPiece]]:
         """Runs one step; returns the tokens (and logprobs, where asked) of each sampling
-        request, and the prompt logprobs this step computed (requests with prompt_logprobs)."""
+        request (1 .. k + 1 for a verify step, engine/spec_verify.py), and the prompt logprobs
+        this step computed (requests with prompt_logprobs)."""
         if len(out.scheduled) == 1 and out.scheduled[0].greedy_native:
             return self._multi_step(out.scheduled[0]), {}, {}
         batch = self.build_batch(out)
