@@ -48,6 +48,25 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--quantize-embedding", action="store_true", default=d("quantize_embedding"),
                    help="with --quantization: the token embedding table too, int8 rows (a tied table needs "
                         "--quantize-lm-head; not written by `anycore quantize`)")
+    s = p.add_argument_group("speculative decoding")
+    s.add_argument("--speculative-algorithm", default=d("speculative_algorithm"), choices=["ngram", "draft"],
+                   help="draft tokens and verify them in one step, losslessly (ngram: prompt lookup; draft: a small "
+                        "model, --speculative-model or --speculative-draft-layers; default: off)")
+    s.add_argument("--speculative-model", default=d("speculative_model"),
+                   help="with --speculative-algorithm draft: a GGUF file or HF folder with the target's vocabulary")
+    s.add_argument("--speculative-draft-layers", type=int, default=d("speculative_draft_layers"),
+                   help="with --speculative-algorithm draft: draft with the target's first N layers and its head")
+    s.add_argument("--num-speculative-tokens", type=int, default=d("num_speculative_tokens"),
+                   help="draft tokens per verify step (default: %(default)s)")
+    s.add_argument("--ngram-prompt-lookup-max", type=int, default=d("ngram_prompt_lookup_max"),
+                   help="longest context suffix the n-gram proposer matches (default: %(default)s)")
+    s.add_argument("--ngram-prompt-lookup-min", type=int, default=d("ngram_prompt_lookup_min"),
+                   help="shortest one (default: %(default)s)")
+    s.add_argument("--speculative-max-batch", type=int, default=d("speculative_max_batch"),
+                   help="running requests above which requests stop speculating (default: %(default)s)")
+    s.add_argument("--speculative-min-acceptance", type=float, default=d("speculative_min_acceptance"),
+                   help="accepted fraction of drafts (running average) below which a request backs off "
+                        "(default: %(default)s)")
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:

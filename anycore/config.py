@@ -246,6 +246,37 @@ class EngineConfig:
     # online quantization only: the token embedding table too (int8 rows; a tied table needs
     # quantize_lm_head, since a float head would keep it); off by default
     quantize_embedding: bool = False
+    # speculative decoding (anycore/spec/): None off; "ngram" drafts by prompt lookup, "draft"
+    # with a small model (speculative_model / speculative_draft_layers); the target verifies 1 + k tokens per step, losslessly (greedy: the same tokens; sampling: the
+    # same distribution). A request with a draft verifies it instead of taking the native
+    # greedy decode (decode_burst); without one it decodes as usual
+    speculative_algorithm: str | None = None
+    # draft tokens per verify step (k); 3: a verify of 4 rows still runs the native bf16 GEMV
+    # (kNativeLinearMaxRows, csrc/common/decoder_layout.h), 5 rows fall to oneDNN at ~1.5x the time
+    num_speculative_tokens: int = 3
+    ngram_prompt_lookup_max: int = 4  # the longest context suffix matched
+    ngram_prompt_lookup_min: int = 2  # the shortest
+    # running requests above which (seeded samplers excepted) nobody speculates: a big batch is
+    # no longer bandwidth-bound, so verifying rejected drafts costs real compute
+    speculative_max_batch: int = 4
+    # a request whose accepted fraction of draft tokens (EWMA) falls below this backs off for a
+    # growing number of steps
+    speculative_min_acceptance: float = 0.3
+    # speculative_algorithm "draft": a small checkpoint sharing the target's vocabulary, or
+    # the target's own first N layers (plus its final norm and head) as a self-draft
+    speculative_model: str | None = None
+    speculative_draft_layers: int | None = None
+
+    def speculative_config(self):  # -> anycore.spec.policy.SpeculativeConfig | None
+        """The speculative decoding settings (validated), or None when it is off."""
+        if self.speculative_algorithm is None:
+            return None
+        from anycore.spec.policy import SpeculativeConfig
+
+        return SpeculativeConfig(self.speculative_algorithm, self.num_speculative_tokens,
+                                 self.ngram_prompt_lookup_max, self.ngram_prompt_lookup_min,
+                                 self.speculative_max_batch, self.speculative_min_acceptance,
+                                 self.speculative_model, self.speculative_draft_layers)
 
     def resolved_kv_cache_gb(self) -> float:
         if self.kv_cache_gb is not None:
@@ -266,6 +297,7 @@ class EngineConfig:
             raise ValueError("quantize_lm_head needs online quantization (quantization='w8a8_int8')")
         if self.quantize_embedding and not self.quantization:
             raise ValueError("quantize_embedding needs online quantization (quantization='w8a8_int8')")
+        self.speculative_config()  # (raises on a bad speculative setting)
 
 
 # the names of server/tool_parsers/'s parsers, plus "auto" (kept here: config imports no server code)

@@ -43,6 +43,9 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = None
     # a grammar the output must match (JSON schema, any JSON, regex, choices, EBNF)
     structured_output: StructuredOutput | None = None
+    # False: this request never decodes speculatively, even when the engine speculates
+    # (EngineConfig.speculative_algorithm); True: it may, when the engine's policy says it pays
+    speculative: bool = True
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

@@ -38,6 +38,8 @@ from anycore.outputs import EngineStats, StepOutput
 from anycore.sampling_params import SamplingParams
 from anycore.scheduler.request import Request, TokenLogprob
 from anycore.scheduler.scheduler import ScheduledRequest, Scheduler, SchedulerOutput
+from anycore.spec.draft_model import DraftModelSpeculator, load_draft_model
+from anycore.spec.policy import Speculator
 
 log = logging.getLogger("anycore")
 
@@ -100,7 +102,16 @@ class Engine:
                                  linear_method_factory(self.quantization, True) if prequantized else None)
         self.kv_pool = KVPool(mc.num_layers, num_slots, mc.num_kv_heads, mc.head_dim, self.dtype)
         self.kv = KVCacheManager(num_slots, config.enable_prefix_caching)
-        self.scheduler = Scheduler(self.kv, config.max_num_batched_tokens, config.max_num_seqs, config.policy)
+        spec = config.speculative_config()
+        self.speculator: Speculator | None = None
+        if spec is not None and spec.algorithm == "draft":
+            draft = load_draft_model(config.model, mc, self.ops, self.dtype, max_len, spec.draft_model,
+                                     spec.draft_layers)
+            self.speculator = DraftModelSpeculator(spec, draft, self.ops, num_slots, self.dtype)
+        elif spec is not None:
+            self.speculator = Speculator(spec)
+        self.scheduler = Scheduler(self.kv, config.max_num_batched_tokens, config.max_num_seqs, config.policy,
+                                   self.speculator)
         self.runner = ModelRunner(self.model, self.kv_pool, self.ops)
         del weights, source  # drops the parsed model file (and its mapped pages) before calibrating
         release_free_heap()
@@ -190,7 +201,15 @@ class Engine:
             prefix_queried_tokens=radix.queried_tokens if radix is not None else 0,
             prefix_hit_tokens=radix.hit_tokens if radix is not None else 0,
             num_preemptions=self.scheduler.num_preemptions,
+            **self._spec_stats(),
         )
+
+    def _spec_stats(self) -> dict[str, int]:
+        if self.speculator is None:
+            return {}
+        t = self.speculator.totals
+        return {"spec_verify_steps": t.num_verify_steps, "spec_draft_tokens": t.num_draft_tokens,
+                "spec_accepted_tokens": t.num_accepted_tokens}
 
     # ---- the loop body ----------------------------------------------------------------------
     def step(self) -> list[StepOutput]:

@@ -32,37 +32,57 @@ class _Span:
 
 
 @dataclass
+class VerifySpan:
+    """A speculative verify step's rows among the kept rows (engine/spec_verify.py)."""
+
+    scheduled: ScheduledRequest
+    first_row: int
+    count: int  # 1 + len(draft)
+
+
+@dataclass
 class LogitsLayout:
-    """Which flat-batch rows get logits when some request wants prompt logprobs: all the new
-    rows of those requests, the last row of the other sampling requests."""
+    """Which flat-batch rows get logits when some request wants prompt logprobs or verifies a
+    draft: all the new rows of those requests, the last row of the other sampling requests."""
 
     indices: torch.Tensor  # rows of the flat batch to keep (the model's ``logits_indices``)
     sample_rows: torch.Tensor  # among the kept rows: each sampling request's last row, in order
     spans: list[_Span] = field(default_factory=list)
+    verify_spans: list[VerifySpan] = field(default_factory=list)
+    # among the sampling requests: those without a draft (sampled one token as usual), in order
+    plain_sample_rows: torch.Tensor | None = None
 
 
 def logits_layout(scheduled: Sequence[ScheduledRequest]) -> LogitsLayout | None:
-    """The layout for this step, or None when no scheduled request wants prompt logprobs
-    (then the runner keeps its usual one row per sampling request)."""
-    if not any(s.request.needs_prompt_logprobs for s in scheduled):
+    """The layout for this step, or None when no scheduled request wants prompt logprobs or
+    verifies a draft (then the runner keeps its usual one row per sampling request)."""
+    if not any(s.request.needs_prompt_logprobs or s.draft_tokens for s in scheduled):
         return None
     indices: list[np.ndarray] = []
     sample_rows: list[int] = []
+    plain: list[int] = []
     spans: list[_Span] = []
+    verify: list[VerifySpan] = []
     row = kept = 0
     for s in scheduled:
         n = s.num_new_tokens
-        if s.request.needs_prompt_logprobs:
-            spans.append(_Span(s.request, kept, s.start, n))
+        if s.request.needs_prompt_logprobs or s.draft_tokens:
+            if s.draft_tokens:
+                verify.append(VerifySpan(s, kept, n))
+            else:
+                spans.append(_Span(s.request, kept, s.start, n))
             indices.append(np.arange(row, row + n, dtype=np.int64))
             kept += n
         elif s.sample:
             indices.append(np.array([row + n - 1], dtype=np.int64))
             kept += 1
         if s.sample:
+            if not s.draft_tokens:
+                plain.append(len(sample_rows))
             sample_rows.append(kept - 1)
         row += n
-    return LogitsLayout(torch.from_numpy(np.concatenate(indices)), torch.tensor(sample_rows, dtype=torch.long), spans)
+    return LogitsLayout(torch.from_numpy(np.concatenate(indices)), torch.tensor(sample_rows, dtype=torch.long), spans,
+                        verify, torch.tensor(plain, dtype=torch.long))
 
 
 def gather_prompt_logprobs(layout: LogitsLayout, hidden: torch.Tensor,

@@ -13,6 +13,7 @@ from anycore.engine.native_executor import NativeExecutor
 from anycore.engine.prompt_logprobs import PromptLogprobPiece, gather_prompt_logprobs, logits_layout
 from anycore.engine.sampler import sample_requests
 from anycore.engine.slot_rows import SlotRows
+from anycore.engine.spec_verify import verify_drafts
 from anycore.kernels.ops import KernelOps
 from anycore.layers.forward_batch import ForwardBatch
 from anycore.scheduler.request import TokenLogprob
@@ -104,7 +105,11 @@ class ModelRunner:
             positions = np.arange(total, dtype=np.int64) - np.repeat(q_start[:-1] - starts, n_new)
             input_ids = np.empty(total, dtype=np.int64)
             for i, s in enumerate(sched):
-                input_ids[q_start[i] : q_start[i + 1]] = s.request.all_token_ids[s.start : s.start + s.num_new_tokens]
+                if s.draft_tokens:  # a verify step: the last known token, then the draft
+                    input_ids[q_start[i]] = s.request.all_token_ids[s.start]
+                    input_ids[q_start[i] + 1 : q_start[i + 1]] = s.draft_tokens
+                else:
+                    input_ids[q_start[i] : q_start[i + 1]] = s.request.all_token_ids[s.start : s.start + s.num_new_tokens]
         slot_table = self._slot_table(sched, seq_lens)
         slot_mapping = slot_table[np.repeat(np.arange(b), n_new), positions]
         sample_rows = [i for i, s in enumerate(sched) if s.sample]
@@ -145,25 +150,34 @@ class ModelRunner:
     def execute(self, out: SchedulerOutput) -> tuple[dict[str, list[int]], dict[str, list[TokenLogprob]],
                                                      dict[str, PromptLogprobPiece]]:
         """Runs one step; returns the tokens (and logprobs, where asked) of each sampling
-        request, and the prompt logprobs this step computed (requests with prompt_logprobs)."""
+        request (1 .. k + 1 for a verify step, engine/spec_verify.py), and the prompt logprobs
+        this step computed (requests with prompt_logprobs)."""
         if len(out.scheduled) == 1 and out.scheduled[0].greedy_native:
             return self._multi_step(out.scheduled[0]), {}, {}
         batch = self.build_batch(out)
         layout = logits_layout(out.scheduled)
-        if layout is not None:  # some rows want every new token's logits (prompt logprobs)
+        if layout is not None:  # some rows want every new token's logits (prompt logprobs, drafts)
             batch.logits_indices = layout.indices
         hidden = self.model(batch, self.native.layers_fn(batch))
         prompt_lps: dict[str, PromptLogprobPiece] = {}
+        full_hidden = hidden
         if layout is not None:
             prompt_lps = gather_prompt_logprobs(layout, hidden, self.model.compute_logits)
             hidden = hidden[layout.sample_rows]
-        reqs = [s.request for s in out.scheduled if s.sample]
-        if not reqs:
+        sampling = [s for s in out.scheduled if s.sample]
+        if not sampling:
             return {}, {}, prompt_lps
+        sampled: dict[str, list[int]] = {}
+        if layout is not None and layout.verify_spans:
+            sampled = verify_drafts(layout.verify_spans, full_hidden, self.model.compute_logits)
+            hidden = hidden[layout.plain_sample_rows]
+        reqs = [s.request for s in sampling if not s.draft_tokens]
+        if not reqs:
+            return sampled, {}, prompt_lps
         logits = self.model.compute_logits(hidden)
         tokens, logprobs = sample_requests(logits, reqs)
         ids = [r.request_id for r in reqs]
-        sampled = {rid: [t] for rid, t in zip(ids, tokens.tolist())}
+        sampled.update({rid: [t] for rid, t in zip(ids, tokens.tolist())})
         lps = {rid: [lp] for rid, lp in zip(ids, logprobs) if lp is not None}
         return sampled, lps, prompt_lps
 

@@ -79,8 +79,9 @@ def decode_self_check(engine: Any, tokens: int = 24, probe: bool = True) -> Deco
     if engine.has_unfinished():
         raise RuntimeError("decode_self_check needs an idle engine")
     prompt = list(range(1, 9))  # eight ordinary ids: any vocabulary has them
-    engine.add_request(prompt, SamplingParams(temperature=0.0, max_tokens=tokens + 1, ignore_eos=True),
-                       request_id=REQUEST_ID)
+    # (speculative=False: it times the plain decode a weight read bounds, not verify steps)
+    engine.add_request(prompt, SamplingParams(temperature=0.0, max_tokens=tokens + 1, ignore_eos=True,
+                                              speculative=False), request_id=REQUEST_ID)
     times, made = [], 0
     try:
         engine.step()  # the prefill (and the first token)

@@ -56,6 +56,9 @@ class Request:
     # the request's GrammarMatcher (engine/grammar.py) when its output must match a grammar: the
     # sampler masks with it, check_stop advances it past every kept token
     grammar: Any = None
+    # speculative decoding's per-request history (anycore/spec/policy.py SpecState); None until
+    # the request first decodes with speculation on
+    spec_state: Any = None
 
     def __post_init__(self) -> None:
         if not self.all_token_ids:
@@ -101,6 +104,17 @@ class Request:
         return (p.temperature == 0.0 and p.logprobs is None and p.repetition_penalty == 1.0
                 and p.frequency_penalty == 0.0 and p.presence_penalty == 0.0 and self.num_output_tokens >= p.min_tokens
                 and not p.logit_bias and self.grammar is None)
+
+    @property
+    def can_speculate(self) -> bool:
+        """Each verified position's distribution depends only on its logits (so k + 1 rows can
+        be sampled at once): no penalty (they depend on the tokens before), no logprobs (the
+        rejected positions' would need care), no grammar (its mask depends on the tokens
+        before), no EOS ban still pending (min_tokens). Temperature, top-k/p, min-p and logit
+        bias are per-row and fine."""
+        p = self.params
+        return (p.logprobs is None and p.repetition_penalty == 1.0 and p.frequency_penalty == 0.0
+                and p.presence_penalty == 0.0 and self.num_output_tokens >= p.min_tokens and self.grammar is None)
 
     def check_stop(self) -> str | None:
         """Finish reason after the newest token, or None to keep going: the token rules, then

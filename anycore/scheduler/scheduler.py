@@ -11,9 +11,13 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from anycore.cache.manager import KVCacheManager
 from anycore.scheduler.request import Request, RequestStatus
+
+if TYPE_CHECKING:
+    from anycore.spec.policy import Speculator
 
 
 @dataclass
@@ -31,6 +35,11 @@ class ScheduledRequest:
     # runs as one native greedy call (embedding, stack, head, argmax per token; no sampler),
     # for ``num_steps`` >= 1 tokens
     greedy_native: bool = False
+    # a speculative verify step (anycore/spec/): the request's last token then these draft
+    # tokens are computed (``num_new_tokens`` = 1 + len, slots held for all), logits are taken
+    # at every position, and ``num_steps`` = 1 + len tokens may come out; ``update`` keeps the
+    # verified ones and gives back the slots of rejected positions
+    draft_tokens: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -73,6 +82,7 @@ class Scheduler:
         max_num_batched_tokens: int,
         max_num_seqs: int,
         policy: str = "fcfs",
+        speculator: Speculator | None = None,
     ) -> None:
         self.kv = kv
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -81,6 +91,7 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_preemptions = 0
+        self.speculator = speculator
 
     def add(self, request: Request) -> None:
         if request.num_tokens > self.kv.num_slots:
@@ -109,7 +120,14 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             req = self.running[i]
             n = min(req.num_tokens - req.num_computed_tokens, budget)
-            slots = self.kv.allocate(n)
+            draft = self._draft(req, budget) if n == 1 else []
+            slots = self.kv.allocate(1 + len(draft)) if draft else None
+            if slots is not None:
+                out.scheduled.append(self._schedule_verify(req, draft, slots))
+                budget -= 1 + len(draft)
+                i += 1
+                continue
+            slots = self.kv.allocate(n)  # (no draft, or no slots for one: a plain decode)
             while slots is None:
                 victim = self.running.pop()
                 self._preempt(victim)
@@ -173,6 +191,13 @@ class Scheduler:
         if (req.num_tokens - req.num_computed_tokens != 1 or not req.prefill_cached or not req.plain_greedy
                 or req.needs_prompt_logprobs):  # (the native multi-step call yields no logits)
             return None
+        # a request with a draft verifies it instead: 1 + k tokens for about one step's weight
+        # reads beats one token per native call. Without a draft (none found, or backed off
+        # after low acceptance) the native call is the faster plain decode.
+        draft = self._draft(req, self.max_num_batched_tokens)
+        if draft:
+            slots = self.kv.allocate(1 + len(draft))
+            return None if slots is None else self._schedule_verify(req, draft, slots)
         n = min(max_steps, req.max_model_len - req.num_tokens)
         if req.params.max_tokens is not None:
             n = min(n, req.params.max_tokens - req.num_output_tokens)
@@ -181,6 +206,23 @@ class Scheduler:
             return None  # (short of slots: an ordinary step, preempting if it must)
         req.slots.extend(slots)
         return ScheduledRequest(req, req.num_computed_tokens, 1, sample=True, num_steps=n, greedy_native=True)
+
+    def _draft(self, req: Request, budget: int) -> list[int]:
+        """Draft tokens for a decoding request this step ([]: a plain decode). A verify step
+        may emit 1 + k tokens, so k leaves room for them under max_tokens and the context."""
+        if self.speculator is None:
+            return []
+        limit = min(budget - 1, req.max_model_len - req.num_tokens - 1)
+        if req.params.max_tokens is not None:
+            limit = min(limit, req.params.max_tokens - req.num_output_tokens - 1)
+        return self.speculator.propose(req, limit, len(self.running))
+
+    @staticmethod
+    def _schedule_verify(req: Request, draft: list[int], slots: list[int]) -> ScheduledRequest:
+        start = req.num_computed_tokens
+        req.slots.extend(slots)
+        n = 1 + len(draft)
+        return ScheduledRequest(req, start, n, sample=True, num_steps=n, draft_tokens=draft)
 
     def _next_waiting(self) -> Request:
         if self.policy == "lpm" and len(self.waiting) > 1:
@@ -197,6 +239,8 @@ class Scheduler:
 
     def _preempt(self, req: Request) -> None:
         self.kv.release(req)
+        if self.speculator is not None:
+            self.speculator.release(req)
         req.num_computed_tokens = 0
         req.status = RequestStatus.WAITING
         req.num_preemptions += 1
@@ -216,7 +260,8 @@ class Scheduler:
             req = s.request
             if req.is_finished:  # aborted while the step ran
                 continue
-            req.num_computed_tokens = s.start + s.num_new_tokens
+            # (a verify step computed its drafts' positions too, but they count only once kept)
+            req.num_computed_tokens = s.start + (1 if s.draft_tokens else s.num_new_tokens)
             if not req.prefill_cached and req.num_computed_tokens >= req.num_prompt_tokens:
                 # publish the prompt's KV now so concurrent requests with this prefix reuse it
                 self.kv.cache_prefix(req)
@@ -228,8 +273,11 @@ class Scheduler:
             if not s.sample:
                 continue
             kept = []
-            for token in sampled[req.request_id][: s.num_steps]:
-                if kept:  # a multi-step decode computed the previous token's position too
+            tokens = sampled[req.request_id][: s.num_steps]
+            if s.draft_tokens and self.speculator is not None:
+                self.speculator.observe(req, len(s.draft_tokens), len(tokens) - 1)
+            for token in tokens:
+                if kept:  # a multi-step or verify step computed the previous token's position too
                     req.num_computed_tokens += 1
                 req.append_token(token)
                 kept.append(token)
@@ -237,8 +285,19 @@ class Scheduler:
                 if reason is not None:
                     self.finish(req, reason)  # (releases the slots of positions past the stop too)
                     break
+            if not req.is_finished and len(req.slots) > req.num_computed_tokens:
+                self._roll_back(req)
             progressed.append((req, kept))
         return progressed
+
+    def _roll_back(self, req: Request) -> None:
+        """Frees the slots of positions a verify step computed but did not keep (rejected
+        drafts). They are the request's own (the prefix cache only ever holds computed
+        positions). The list is replaced, not cut in place: the runner's SlotRows mirror a slot
+        list only while it grows (engine/slot_rows.py)."""
+        k = req.num_computed_tokens
+        self.kv.allocator.free(req.slots[k:])
+        req.slots = req.slots[:k]
 
     def finish(self, req: Request, reason: str) -> None:
         """Ends a request (stop, length, abort) and releases its KV; idempotent."""
@@ -249,5 +308,7 @@ class Scheduler:
         elif req in self.waiting:
             self.waiting.remove(req)
         self.kv.release(req)
+        if self.speculator is not None:
+            self.speculator.release(req)
         req.status = RequestStatus.FINISHED
         req.finish_reason = reason

@@ -125,6 +125,16 @@ class ServerMetrics:
         metric("anycore_prefix_cache_hit_rate", "gauge", "Hit tokens / queried tokens since start", f"{rate:.6f}")
         metric("anycore_preemptions_total", "counter", "Running requests preempted for KV slots (recomputed later)",
                stats.num_preemptions)
+        metric("anycore_spec_decode_verify_steps_total", "counter", "Speculative verify steps (one per request)",
+               stats.spec_verify_steps)
+        metric("anycore_spec_decode_draft_tokens_total", "counter", "Draft tokens proposed for verification",
+               stats.spec_draft_tokens)
+        metric("anycore_spec_decode_accepted_tokens_total", "counter", "Draft tokens the target accepted",
+               stats.spec_accepted_tokens)
+        metric("anycore_spec_decode_acceptance_rate", "gauge", "Accepted / proposed draft tokens since start",
+               f"{stats.spec_acceptance_rate:.6f}")
+        metric("anycore_spec_decode_acceptance_length", "gauge",
+               "Mean tokens per verify step (accepted drafts + 1) since start", f"{stats.spec_acceptance_length:.6f}")
         metric("anycore_engine_steps_total", "counter", "Engine stats snapshots (steps and idle wake-ups)",
                num_snapshots)
         return "\n".join(out) + "\n"

@@ -54,6 +54,8 @@ class SamplingFields(GuidedFields):
     # ``prompt_logprobs`` (per choice on completions, on the response for chat)
     prompt_logprobs: int | None = Field(None, ge=0, le=20)
     logit_bias: dict[str, Any] | None = None
+    # anycore: false keeps this request out of speculative decoding (when the server runs it)
+    speculative: bool = True
 
     def to_sampling_params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
         """OpenAI's unset temperature/top_p/top_k mean 1, 1 and off; raises InvalidParameter."""
@@ -78,6 +80,7 @@ class SamplingFields(GuidedFields):
             include_stop_str_in_output=self.include_stop_str_in_output,
             logit_bias=logit_bias_ids(self.logit_bias),
             structured_output=self.structured_output(),
+            speculative=self.speculative,
         )
 
 
@@ -231,6 +234,7 @@ class NativeSamplingParams(_Model):
     json_schema: str | None = None
     regex: str | None = None
     ebnf: str | None = None
+    speculative: bool = True  # false: never decoded speculatively
 
     def to_sampling_params(self) -> SamplingParams:
         """Unset max_new_tokens / max_tokens mean 16 tokens (SGLang's default)."""
@@ -244,6 +248,7 @@ class NativeSamplingParams(_Model):
             include_stop_str_in_output=self.include_stop_str_in_output,
             logit_bias=logit_bias_ids(self.logit_bias),
             structured_output=sglang_structured_output(self.json_schema, self.regex, self.ebnf),
+            speculative=self.speculative,
         )
 
 
