@@ -145,6 +145,7 @@ async def _respond(request: Request, ctx: ServerContext, job: _Job, build, strea
 async def chat_completions(body: ChatCompletionRequest, request: Request,
                            ctx: Ctx) -> Response:
     model = ctx.check_model(body.model)
+    body.log_unknown_fields("/v1/chat/completions")
     body.check_unsupported()
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     if body.top_logprobs is not None and not body.logprobs:
@@ -236,6 +237,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request,
 async def completions(body: CompletionRequest, request: Request,
                       ctx: Ctx) -> Response:
     model = ctx.check_model(body.model)
+    body.log_unknown_fields("/v1/completions")
     if body.suffix:
         raise InvalidRequest("suffix is not supported", param="suffix")
     if body.best_of is not None and body.best_of != body.n:

@@ -7,6 +7,7 @@ everything else is checked by ``SamplingParams.validate`` when ``to_sampling_par
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -16,8 +17,24 @@ from anycore.sampling_params import SamplingParams
 from anycore.server.structured import GuidedFields, logit_bias_ids, sglang_structured_output
 
 
+log = logging.getLogger("anycore.server")
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(extra="ignore")
+
+
+class _TopLevel:
+    """Mixed into the endpoint bodies: fields this schema does not know are kept (pydantic's
+    ``extra="allow"``) so they can be named in the log instead of vanishing without a trace, as
+    vLLM does (an unknown field may be a typo, or a feature some other server has). Each
+    endpoint body sets ``model_config = ConfigDict(extra="allow")`` itself (pydantic reads it
+    from BaseModel classes only)."""
+
+    def log_unknown_fields(self, endpoint: str) -> None:
+        extra = sorted(getattr(self, "model_extra", None) or {})
+        if extra:
+            log.warning("%s: request fields not known to this server, ignored: %s", endpoint, ", ".join(extra))
 
 
 class StreamOptions(_Model):
@@ -165,7 +182,8 @@ class NamedToolChoice(_Model):
     function: NamedFunction
 
 
-class ChatCompletionRequest(SamplingFields):
+class ChatCompletionRequest(_TopLevel, SamplingFields):
+    model_config = ConfigDict(extra="allow")
     messages: list[ChatMessage] = Field(..., min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
@@ -199,7 +217,8 @@ class ChatCompletionRequest(SamplingFields):
             raise InvalidRequest("only the 'text' modality is supported", param="modalities")
 
 
-class CompletionRequest(SamplingFields):
+class CompletionRequest(_TopLevel, SamplingFields):
+    model_config = ConfigDict(extra="allow")
     prompt: str | list[str] | list[int] | list[list[int]]
     # OpenAI's default for completions; 0 (only with echo) scores the prompt without generating
     max_tokens: int | None = Field(16, ge=0)

@@ -62,3 +62,17 @@ def test_seed_must_fit_a_signed_64_bit_integer(seed):
     assert e.value.param == "seed"
     SamplingParams(seed=2**63 - 1)
     SamplingParams(seed=-(2**63))
+
+
+def test_unknown_request_fields_are_named_in_the_log_not_dropped_silently(caplog):
+    import logging
+
+    from anycore.server.protocol import ChatCompletionRequest, CompletionRequest
+
+    with caplog.at_level(logging.WARNING, logger="anycore.server"):
+        ChatCompletionRequest(messages=[{"role": "user", "content": "x"}], guided_decoding_backend="x",
+                              temprature=0.5).log_unknown_fields("/v1/chat/completions")
+        CompletionRequest(prompt="x").log_unknown_fields("/v1/completions")  # nothing unknown: no line
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == ["/v1/chat/completions: request fields not known to this server, ignored: "
+                     "guided_decoding_backend, temprature"]
