@@ -16,7 +16,6 @@ from anycore.errors import InvalidParameter, InvalidRequest
 from anycore.sampling_params import SamplingParams
 from anycore.server.structured import GuidedFields, logit_bias_ids, sglang_structured_output
 
-
 log = logging.getLogger("anycore.server")
 
 
