@@ -203,7 +203,8 @@ def make_cases(count: int, seed: int, vocab_size: int = 49152) -> list[Case]:
             Case("conflicting", "/generate", _j({"text": "hi", "input_ids": [1, 2]})),
             Case("conflicting", "/generate", _j({})),
             Case("conflicting", "/tokenize", _j({"prompt": "hi", "messages": _msgs()})),
-            Case("conflicting", COMP, _j({"prompt": "hi", "echo": True})),
+            Case("conflicting", COMP, _j({"prompt": "hi", "max_tokens": 0})),  # 0 tokens only with echo
+            Case("conflicting", CHAT, _j({"messages": _msgs(), "tool_choice": "required"})),  # no tools
             Case("conflicting", COMP, _j({"prompt": "hi", "suffix": "x"})),
             Case("conflicting", CHAT, _j({"messages": _msgs(), "top_logprobs": 3})),
             Case("conflicting", COMP, _j({"prompt": "", "max_tokens": 2})),
