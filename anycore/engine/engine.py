@@ -23,6 +23,7 @@ from anycore.errors import InvalidRequest
 from anycore.kernels.dispatch import select_ops
 from anycore.layers.embedding import LogitsHead, VocabEmbedding
 from anycore.layers.quant import (
+    GGUF,
     linear_method_factory,
     quantize_online,
     release_free_heap,
@@ -79,9 +80,9 @@ class Engine:
 
         self.ops = select_ops(overrides=config.kernels, threads=config.threads)
         self.thread_governor = ThreadGovernor(torch.get_num_threads()) if config.adaptive_threads else None
-        weights = tqdm(source.weights(self.dtype), total=len(source.weight_names), desc="loading weights",
-                       unit="tensor", disable=None, leave=False)
-        self.quantization, prequantized = resolve_quantization(config.quantization, source.hf_config)
+        self.quantization, prequantized = resolve_quantization(config.quantization, source.hf_config, source.format)
+        weights = tqdm(source.weights(self.dtype, native_blocks=self.quantization == GGUF),
+                       total=len(source.weight_names), desc="loading weights", unit="tensor", disable=None, leave=False)
         if (config.quantize_lm_head or config.quantize_embedding) and prequantized:
             raise ValueError("quantize_lm_head / quantize_embedding apply to online quantization; this checkpoint "
                              "is pre-quantized")

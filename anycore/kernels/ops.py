@@ -23,11 +23,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from anycore.kernels import int8, reference, torch_native
+from anycore.kernels import gguf, int8, reference, torch_native
 
-# C++ kernel families (csrc/common/kernel_table.h ANYCORE_<FAMILY>_KERNELS, and int8_impl.h):
+# C++ kernel families (csrc/common/kernel_table.h ANYCORE_<FAMILY>_KERNELS, int8_impl.h, gguf_impl.h):
 # a native variant declares ops by family in anycore/platform/selection.py
-FAMILIES = ("elementwise", "attention", "gemv", "int8")
+FAMILIES = ("elementwise", "attention", "gemv", "int8", "gguf")
 _NATIVE_DTYPES = (torch.float32, torch.bfloat16)
 _MAX_HEAD_DIM = 512  # kMaxHeadDim, csrc/common/kernel_table.h
 # rows up to which the native bf16 linear beats oneDNN (one VDPBF16PS tile of activation rows;
@@ -71,6 +71,10 @@ def _linear_native_when(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
             and weight.is_contiguous() and x.stride(-1) == 1)
 
 
+def _gguf_native_when(x: torch.Tensor, qweight: torch.Tensor, qtype: int, bias: torch.Tensor | None = None) -> bool:
+    return x.dtype in _NATIVE_DTYPES and qtype in gguf.FORMATS and qweight.dtype is torch.uint8
+
+
 OP_SPECS: tuple[OpSpec, ...] = (
     OpSpec("rms_norm", reference.rms_norm, reference.rms_norm, "elementwise",
            lambda x, weight, eps: _native_floats(x, weight), doc="rms_norm(x, weight, eps)"),
@@ -90,6 +94,9 @@ OP_SPECS: tuple[OpSpec, ...] = (
     OpSpec("w8a8_linear", int8.REFERENCE_W8A8, int8.TORCH_NATIVE_W8A8, "int8", bind=int8.native_int8_linear,
            doc="w8a8_linear(x, packed, w_scale, bias=None), an Int8Linear: its pack(qweight [N, K]) makes "
                "`packed` once at load in the implementation's own layout (anycore.kernels.int8)"),
+    OpSpec("gguf_linear", reference.gguf_linear, gguf.gguf_linear_torch, "gguf", _gguf_native_when,
+           doc="gguf_linear(x, qweight, qtype, bias=None): qweight the GGUF file's blocks uint8 [N, K/32 * "
+               "block bytes] of ggml type qtype (Q4_0, Q4_1, Q8_0; anycore.kernels.gguf), int8 activations"),
 )
 OP_NAMES: tuple[str, ...] = tuple(s.name for s in OP_SPECS)
 # the ops the native decoder stack calls besides the projections, in its op_impls order

@@ -296,6 +296,48 @@ at::Tensor w8a8_int8_acc(const at::Tensor& xq, const at::Tensor& packed, int64_t
   return run_w8a8(x, kInt8Raw, packed, at::Tensor(), std::nullopt, n, at::kInt, kInt8Acc, impl);
 }
 
+// GGUF block linear: y = blocks(x) . W^T (+ bias), W the file's blocks uint8 [N, K / 32 * block
+// bytes] of ggml type qtype (anycore/kernels/gguf.py). A variant without GGUF kernels runs
+// generic's (the layout is the file's, the same for every variant).
+at::Tensor gguf_linear(const at::Tensor& x_in, const at::Tensor& qweight, int64_t qtype,
+                       const std::optional<at::Tensor>& bias, int64_t impl) {
+  const int64_t bb = gguf_block_bytes(static_cast<int>(qtype));
+  TORCH_CHECK(bb > 0, "gguf_linear: unsupported block type ", qtype, " (Q4_0 = 2, Q4_1 = 3, Q8_0 = 8)");
+  TORCH_CHECK(qweight.device().is_cpu() && qweight.dim() == 2 && qweight.scalar_type() == at::kByte &&
+                  qweight.is_contiguous() && qweight.size(1) % bb == 0,
+              "gguf_linear: qweight must be a contiguous uint8 [N, blocks * ", bb, "] CPU tensor");
+  const int64_t n = qweight.size(0), k = qweight.size(1) / bb * kGgufBlock;
+  const int dt = dtype_index(x_in);
+  TORCH_CHECK(x_in.size(-1) == k, "gguf_linear: x has ", x_in.size(-1), " features, the weight ", k);
+  at::Tensor x = as_rows(x_in);
+  const int64_t m = x.size(0);
+  GgufArgs a{};
+  at::Tensor bc;
+  if (bias.has_value() && bias->defined()) {
+    bc = bias->to(at::kFloat).contiguous();
+    TORCH_CHECK(bc.numel() == n, "gguf_linear: bias must be [N]");
+    a.bias = bc.data_ptr<float>();
+  }
+  at::Tensor out = at::empty({m, n}, x.options());
+  if (m > 0 && n > 0 && k > 0) {
+    at::Tensor work = at::empty({gguf_workspace_bytes(m, k)}, x.options().dtype(at::kByte));
+    a.x = x.data_ptr();
+    a.x_stride = x.stride(0);
+    a.x_type = dt;
+    a.w = qweight.data_ptr<uint8_t>();
+    a.qtype = static_cast<int>(qtype);
+    a.out = out.data_ptr();
+    a.out_type = dt;
+    a.m = m, a.n = n, a.k = k;
+    a.workspace = work.data_ptr();
+    const KernelTable& t = table(impl);
+    (t.gguf.gguf_linear ? t.gguf.gguf_linear : generic_table().gguf.gguf_linear)(a);
+  }
+  std::vector<int64_t> shape(x_in.sizes().begin(), x_in.sizes().end());
+  shape.back() = n;
+  return out.view(shape);
+}
+
 std::vector<std::string> variants() {
   std::vector<std::string> names;
   for (const KernelTable* t : kTables) names.emplace_back(t->name);
@@ -313,6 +355,7 @@ std::vector<std::string> variant_kernels(int64_t impl) {
   ANYCORE_VECTOR_KERNELS(ANYCORE_FILLED)
 #undef ANYCORE_FILLED
   if (t.int8.w8a8_linear) names.emplace_back("w8a8_linear");
+  if (t.gguf.gguf_linear) names.emplace_back("gguf_linear");
   return names;
 }
 
@@ -337,6 +380,7 @@ TORCH_LIBRARY(anycore, m) {
   m.def("int8_pack(Tensor qweight, int impl) -> Tensor", &int8_pack);
   m.def("int8_unpack(Tensor packed, int n, int k, int impl, Tensor? rows=None) -> Tensor", &int8_unpack);
   m.def("w8a8_linear(Tensor x, Tensor packed, Tensor w_scale, Tensor? bias, int impl) -> Tensor", &w8a8_linear);
+  m.def("gguf_linear(Tensor x, Tensor qweight, int qtype, Tensor? bias, int impl) -> Tensor", &gguf_linear);
   m.def("w8a8_int8_acc(Tensor xq, Tensor packed, int n, int impl) -> Tensor", &w8a8_int8_acc);
   m.class_<StackWeights>("StackWeights").def(torch::init<Weights, std::vector<int64_t>, std::vector<int64_t>>());
   m.def("decoder_stack(Tensor hidden, __torch__.torch.classes.anycore.StackWeights weights, Tensor k_pool, "
