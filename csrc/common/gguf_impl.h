@@ -103,28 +103,50 @@ void gguf_rows(const GgufArgs& a, const int8_t* qx, const float* dx, const float
   }
 }
 
+// The workspace's pieces for m rows of k (gguf_workspace_bytes).
+struct GgufActs {
+  int8_t* qx;
+  float *dx, *sx;
+  explicit GgufActs(const GgufArgs& a)
+      : qx(static_cast<int8_t*>(a.workspace)),
+        dx(reinterpret_cast<float*>(qx + a.m * a.k)),  // m * k is a multiple of 32: aligned
+        sx(dx + a.m * (a.k / kGgufBlock)) {}
+};
+
+// Rows [r0, r1) of x quantized into the workspace.
+inline void gguf_quantize_range(const GgufArgs& a, int64_t r0, int64_t r1) {
+  const GgufActs w(a);
+  const int64_t k = a.k, nb = k / kGgufBlock;
+  for (int64_t r = r0; r < r1; ++r) {
+    if (a.x_type == 0)
+      gguf_quantize_row(static_cast<const float*>(a.x) + r * a.x_stride, k, w.qx + r * k, w.dx + r * nb, w.sx + r * nb);
+    else
+      gguf_quantize_row(static_cast<const bf16*>(a.x) + r * a.x_stride, k, w.qx + r * k, w.dx + r * nb, w.sx + r * nb);
+  }
+}
+
+template <class M>
+void gguf_quantize_rows_kernel(const GgufArgs& a) {
+  gguf_quantize_range(a, 0, a.m);
+}
+
+// Output rows [n0, n1) of every activation row, from the quantized workspace.
+template <class M>
+void gguf_gemv_rows_kernel(const GgufArgs& a, int64_t n0, int64_t n1) {
+  const GgufActs w(a);
+  switch (a.qtype) {
+    case kGgufQ4_0: gguf_rows<M, kGgufQ4_0>(a, w.qx, w.dx, w.sx, n0, n1); break;
+    case kGgufQ4_1: gguf_rows<M, kGgufQ4_1>(a, w.qx, w.dx, w.sx, n0, n1); break;
+    default: gguf_rows<M, kGgufQ8_0>(a, w.qx, w.dx, w.sx, n0, n1); break;
+  }
+}
+
 template <class M>
 void gguf_linear_kernel(const GgufArgs& a) {
-  const int64_t m = a.m, k = a.k, nb = k / kGgufBlock;
-  int8_t* qx = static_cast<int8_t*>(a.workspace);
-  float* dx = reinterpret_cast<float*>(qx + m * k);  // m * k is a multiple of 32: aligned
-  float* sx = dx + m * nb;
-  parallel_for(m, 4, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      if (a.x_type == 0)
-        gguf_quantize_row(static_cast<const float*>(a.x) + r * a.x_stride, k, qx + r * k, dx + r * nb, sx + r * nb);
-      else
-        gguf_quantize_row(static_cast<const bf16*>(a.x) + r * a.x_stride, k, qx + r * k, dx + r * nb, sx + r * nb);
-    }
-  });
+  parallel_for(a.m, 4, [&](int64_t r0, int64_t r1) { gguf_quantize_range(a, r0, r1); });
   const int64_t chunks = (a.n + kGgufRowGrain - 1) / kGgufRowGrain;
   parallel_for_guided(chunks, 1, [&](int64_t c0, int64_t c1) {
-    const int64_t n0 = c0 * kGgufRowGrain, n1 = c1 * kGgufRowGrain < a.n ? c1 * kGgufRowGrain : a.n;
-    switch (a.qtype) {
-      case kGgufQ4_0: gguf_rows<M, kGgufQ4_0>(a, qx, dx, sx, n0, n1); break;
-      case kGgufQ4_1: gguf_rows<M, kGgufQ4_1>(a, qx, dx, sx, n0, n1); break;
-      default: gguf_rows<M, kGgufQ8_0>(a, qx, dx, sx, n0, n1); break;
-    }
+    gguf_gemv_rows_kernel<M>(a, c0 * kGgufRowGrain, c1 * kGgufRowGrain < a.n ? c1 * kGgufRowGrain : a.n);
   });
 }
 
@@ -162,4 +184,6 @@ struct GgufScalarMicro {
 }  // namespace anycore
 
 // A variant's GgufKernels over its micro-kernel M.
-#define ANYCORE_GGUF_KERNELS(M) ::anycore::GgufKernels{&::anycore::gguf_linear_kernel<M>}
+#define ANYCORE_GGUF_KERNELS(M)                                                                     \
+  ::anycore::GgufKernels{&::anycore::gguf_linear_kernel<M>, &::anycore::gguf_quantize_rows_kernel<M>, \
+                         &::anycore::gguf_gemv_rows_kernel<M>}

@@ -116,6 +116,11 @@ constexpr int64_t gguf_workspace_bytes(int64_t m, int64_t k) { return m * k + 8 
 
 struct GgufKernels {
   void (*gguf_linear)(const GgufArgs& args);  // null: the variant has none (generic's runs)
+  // gguf_linear in two steps for callers inside their own parallel region (the batch-1 decode
+  // team): quantize the m activation rows into the workspace, then any range [n0, n1) of the
+  // output rows (each written at its own column of out)
+  void (*quantize_rows)(const GgufArgs& args);
+  void (*gemv_rows)(const GgufArgs& args, int64_t n0, int64_t n1);
 };
 
 // The kernels a vector variant (kernels_impl.h, ANYCORE_DEFINE_TABLE) writes once over its vector

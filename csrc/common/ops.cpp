@@ -296,6 +296,11 @@ at::Tensor w8a8_int8_acc(const at::Tensor& xq, const at::Tensor& packed, int64_t
   return run_w8a8(x, kInt8Raw, packed, at::Tensor(), std::nullopt, n, at::kInt, kInt8Acc, impl);
 }
 
+const GgufKernels& gguf_table(int64_t impl) {
+  const KernelTable& t = table(impl);
+  return t.gguf.gguf_linear ? t.gguf : generic_table().gguf;
+}
+
 // GGUF block linear: y = blocks(x) . W^T (+ bias), W the file's blocks uint8 [N, K / 32 * block
 // bytes] of ggml type qtype (anycore/kernels/gguf.py). A variant without GGUF kernels runs
 // generic's (the layout is the file's, the same for every variant).
@@ -330,8 +335,7 @@ at::Tensor gguf_linear(const at::Tensor& x_in, const at::Tensor& qweight, int64_
     a.out_type = dt;
     a.m = m, a.n = n, a.k = k;
     a.workspace = work.data_ptr();
-    const KernelTable& t = table(impl);
-    (t.gguf.gguf_linear ? t.gguf.gguf_linear : generic_table().gguf.gguf_linear)(a);
+    gguf_table(impl).gguf_linear(a);
   }
   std::vector<int64_t> shape(x_in.sizes().begin(), x_in.sizes().end());
   shape.back() = n;

@@ -39,6 +39,11 @@ at::Tensor w8a8_linear(const at::Tensor& x, const at::Tensor& packed, const at::
 at::Tensor int8_unpack(const at::Tensor& packed, int64_t n, int64_t k, int64_t impl,
                        const std::optional<at::Tensor>& rows);  // rows (all: nullopt) of a packed weight
 
+at::Tensor gguf_linear(const at::Tensor& x, const at::Tensor& qweight, int64_t qtype,
+                       const std::optional<at::Tensor>& bias, int64_t impl);
+// The GGUF kernels of variant `impl` (generic's when it has none; the layout is the file's).
+const GgufKernels& gguf_table(int64_t impl);
+
 // The int8 kernels of variant `impl` (generic's when it has none): what packed its weights.
 const Int8Kernels& int8_table(int64_t impl);
 

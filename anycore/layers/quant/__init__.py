@@ -9,8 +9,8 @@ from tqdm import tqdm
 
 from anycore.layers.embedding import LogitsHead, VocabEmbedding
 from anycore.layers.linear import Linear
-from anycore.layers.quant.smoothing import collect_input_stats, smooth
 from anycore.layers.quant.gguf_blocks import GGUF, GGUFLinearMethod
+from anycore.layers.quant.smoothing import collect_input_stats, smooth
 from anycore.layers.quant.w8a8_int8 import W8A8Int8LinearMethod
 
 QUANTIZATION_METHODS = {"w8a8_int8": W8A8Int8LinearMethod, GGUF: GGUFLinearMethod}

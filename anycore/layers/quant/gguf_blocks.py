@@ -67,6 +67,8 @@ class GGUFLinearMethod:
         if len(qtypes) == 1 and None not in qtypes:
             (qtype,) = qtypes
             layer.qtype = qtype
+            # the native decoder stack's "scale" slot for blocks (csrc/common/decoder_layout.h)
+            layer.qtype_tensor = torch.tensor([qtype], dtype=torch.int64)
             layer.register_buffer("qweight", torch.cat([s.data for s in shards]).contiguous())
             del layer.weight
             layer.register_buffer("weight", None, persistent=False)
@@ -82,6 +84,13 @@ class GGUFLinearMethod:
         kernels = getattr(layer, "kernels", None)
         op = kernels.gguf_linear if kernels is not None else gguf_linear_torch
         return op(x, layer.qweight, layer.qtype, layer.bias)
+
+
+    def native_args(self, layer: nn.Module):
+        """For the native decoder stack: (blocks, block type, bias) on the bound native kernel."""
+        kernels = getattr(layer, "kernels", None)
+        index = kernels.native_index.get("gguf_linear") if kernels is not None else None
+        return None if index is None else ((layer.qweight, layer.qtype_tensor, layer.bias), index)
 
 
 def format_name(qtype: int) -> str:
