@@ -72,6 +72,12 @@ def run_doctor(features: CpuFeatures | None = None, overrides: str | None = None
                  + ("all layers in one native call (csrc/common/decoder_layer.cpp; batch-1 decode in one "
                     "thread team, decode_team.cpp; op by op while a projection has hooks)" if not unfused
                     else f"op by op from Python: {', '.join(unfused)} not native"))
+    gguf = sel.impl("gguf_linear")
+    gguf_native = ext.available and gguf in ext.variants
+    lines.append(f"  {'(gguf blocks)':<{width}}  {gguf:<12}  --quantization gguf: a GGUF file's Q4_0/Q4_1/Q8_0 "
+                 "projections stay in their blocks (int8 activations per 32-block); "
+                 + ("in the native decoder stack and decode team" if gguf_native and not unfused
+                    else "op by op from Python"))
     warnings += sel.warnings
 
     threads = torch.get_num_threads()

@@ -52,6 +52,19 @@ def streamed_weight_bytes(model: torch.nn.Module) -> int:
     return sum(t.numel() * t.element_size() for t in tensors.values())
 
 
+def gguf_summary(model: torch.nn.Module, native_stack: bool) -> str:
+    """What ``--quantization gguf`` runs: projections per block type (or dense), and where."""
+    from collections import Counter
+
+    from anycore.layers.linear import Linear
+    from anycore.layers.quant.gguf_blocks import format_name
+
+    kinds = Counter(format_name(m.qtype) if m.method.name == GGUF else "dense (no block kernel for its type)"
+                    for m in model.modules() if isinstance(m, Linear))
+    where = "in the native decoder stack" if native_stack else "op by op"
+    return f"projections {', '.join(f'{n} {k}' for k, n in sorted(kinds.items()))}; {where}; embedding and logits head dense"
+
+
 class Engine:
     def __init__(self, config: EngineConfig) -> None:
         t0 = time.perf_counter()
@@ -108,7 +121,10 @@ class Engine:
             self.kv_pool.discard()  # the calibration windows' K/V: no request holds a slot yet
         consolidate_weights(self.model)  # one huge-page block: faster to stream, no heap left fragmented
         tensors = [*self.model.parameters(), *self.model.buffers()]
-        self.num_params = sum(t.numel() for t in tensors)
+        # (GGUF blocks are bytes: their layers count as out x in weights)
+        self.num_params = sum(t.numel() for t in tensors) + sum(
+            m.out_features * m.in_features - m.qweight.numel() for m in self.model.modules()
+            if getattr(m, "qweight", None) is not None and m.qweight.dtype == torch.uint8)
         self.weight_bytes = streamed_weight_bytes(self.model)  # read per decode step (the bandwidth limit's divisor)
 
         eos = set(mc.eos_token_ids)
@@ -126,6 +142,8 @@ class Engine:
             time.perf_counter() - t0,
         )
         log.info("kernels: %s", ", ".join(f"{k}={v}" for k, v in self.ops.choices.items()))
+        if self.quantization == GGUF:
+            log.info("gguf: %s", gguf_summary(self.model, self.runner.native.stack(self.dtype) is not None))
 
     # ---- requests -------------------------------------------------------------------------
     def add_request(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None,

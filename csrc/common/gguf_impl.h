@@ -27,22 +27,6 @@ namespace {
 constexpr int kGgufRows = 4;  // activation rows per tile (accumulators per row stay in registers)
 constexpr int64_t kGgufRowGrain = 16;  // output rows per work chunk
 
-// IEEE half -> float, exact (also subnormals); portable, for the scales of a block.
-inline float gguf_half(const uint8_t* p) {
-  uint16_t h;
-  std::memcpy(&h, p, 2);
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
-  uint32_t bits;
-  if (exp == 0) {
-    const float f = static_cast<float>(man) * (1.0f / 16777216.0f);  // man * 2^-24
-    return sign ? -f : f;
-  }
-  bits = exp == 31 ? (sign | 0x7f800000u | (man << 13)) : (sign | ((exp + 112) << 23) | (man << 13));
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-
 inline float gguf_load(float v) { return v; }
 inline float gguf_load(bf16 v) { return bf16_to_float(v); }
 

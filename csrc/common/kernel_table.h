@@ -110,6 +110,40 @@ constexpr int64_t kGgufBlock = 32;  // weights per block, every format
 constexpr int64_t gguf_block_bytes(int qtype) {
   return qtype == kGgufQ4_0 ? 18 : qtype == kGgufQ4_1 ? 20 : qtype == kGgufQ8_0 ? 34 : 0;
 }
+// activation rows up to which gguf_linear runs int8 block dot products; more (prefill) run the
+// blocks dequantized to the activation dtype through a float GEMM (anycore/kernels/gguf.py)
+constexpr int64_t kGgufInt8MaxRows = 16;
+// IEEE half -> float, exact (also subnormals); portable, for the scales of a block.
+inline float gguf_half(const uint8_t* p) {
+  const uint16_t h = static_cast<uint16_t>(p[0] | (p[1] << 8));
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
+  if (exp == 0) {
+    const float f = static_cast<float>(man) * (1.0f / 16777216.0f);  // man * 2^-24
+    return sign ? -f : f;
+  }
+  const uint32_t bits = exp == 31 ? (sign | 0x7f800000u | (man << 13)) : (sign | ((exp + 112) << 23) | (man << 13));
+  float f;
+  __builtin_memcpy(&f, &bits, 4);
+  return f;
+}
+// One row of nb blocks -> nb * 32 floats (w = dw * q + mw).
+inline void gguf_dequantize_row(const uint8_t* row, int qtype, int64_t nb, float* out) {
+  const int64_t bb = gguf_block_bytes(qtype);
+  for (int64_t b = 0; b < nb; ++b, out += kGgufBlock) {
+    const uint8_t* blk = row + b * bb;
+    const float d = gguf_half(blk);
+    if (qtype == kGgufQ8_0) {
+      for (int i = 0; i < 32; ++i) out[i] = d * static_cast<float>(static_cast<int8_t>(blk[2 + i]));
+      continue;
+    }
+    const float m = qtype == kGgufQ4_1 ? gguf_half(blk + 2) : -8.0f * d;
+    const uint8_t* qs = blk + (qtype == kGgufQ4_1 ? 4 : 2);
+    for (int i = 0; i < 16; ++i) {
+      out[i] = d * static_cast<float>(qs[i] & 0x0F) + m;
+      out[i + 16] = d * static_cast<float>(qs[i] >> 4) + m;
+    }
+  }
+}
 // workspace of one call: int8 qx [m, k], then fp32 dx and sx [m, k / 32] each
 constexpr int64_t gguf_workspace_bytes(int64_t m, int64_t k) { return m * k + 8 * m * (k / 32) + 64; }
 }  // namespace

@@ -301,6 +301,26 @@ const GgufKernels& gguf_table(int64_t impl) {
   return t.gguf.gguf_linear ? t.gguf : generic_table().gguf;
 }
 
+namespace {
+
+// More than kGgufInt8MaxRows activation rows (prefill): the blocks dequantized to x's dtype,
+// then at::linear (oneDNN's GEMM), as anycore/kernels/gguf.py specifies.
+at::Tensor gguf_dense_linear(const at::Tensor& x, const at::Tensor& qweight, int qtype, int64_t n, int64_t k,
+                             const std::optional<at::Tensor>& bias) {
+  at::Tensor w = at::empty({n, k}, x.options().dtype(at::kFloat));
+  float* wp = w.data_ptr<float>();
+  const uint8_t* src = qweight.data_ptr<uint8_t>();
+  const int64_t bb = gguf_block_bytes(qtype), nb = k / kGgufBlock;
+  at::parallel_for(0, n, 16, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) gguf_dequantize_row(src + r * nb * bb, qtype, nb, wp + r * k);
+  });
+  std::optional<at::Tensor> b;
+  if (bias.has_value() && bias->defined()) b = bias->to(x.scalar_type());
+  return at::linear(x, w.to(x.scalar_type()), b);
+}
+
+}  // namespace
+
 // GGUF block linear: y = blocks(x) . W^T (+ bias), W the file's blocks uint8 [N, K / 32 * block
 // bytes] of ggml type qtype (anycore/kernels/gguf.py). A variant without GGUF kernels runs
 // generic's (the layout is the file's, the same for every variant).
@@ -316,6 +336,7 @@ at::Tensor gguf_linear(const at::Tensor& x_in, const at::Tensor& qweight, int64_
   TORCH_CHECK(x_in.size(-1) == k, "gguf_linear: x has ", x_in.size(-1), " features, the weight ", k);
   at::Tensor x = as_rows(x_in);
   const int64_t m = x.size(0);
+  if (m > kGgufInt8MaxRows) return gguf_dense_linear(x_in, qweight, static_cast<int>(qtype), n, k, bias);
   GgufArgs a{};
   at::Tensor bc;
   if (bias.has_value() && bias->defined()) {

@@ -5,7 +5,8 @@ The integer block sums are exact in every implementation; what may differ is the
 the sum over blocks. So one block (K = 32) must agree to a few fp32 ulps, and longer rows to
 fp32 rounding of the sum of the blocks' magnitudes. Shapes: output rows not a multiple of any
 SIMD width or work chunk, K a multiple of 32 but not of 256, 1..7 activation rows (decode
-batches, one partial 4-row tile) and a prefill-sized M. Tests marked ``arm64`` use tiny shapes:
+batches, one partial 4-row tile) up to INT8_MAX_ROWS; more rows (prefill) run the dequantized
+weight through F.linear. Tests marked ``arm64`` use tiny shapes:
 the emulated Arm64 lane runs them for generic and dotprod.
 """
 
@@ -72,9 +73,21 @@ def test_matches_reference(kernel, qtype, m, n, k, dtype):
 
 
 @pytest.mark.parametrize("qtype", FORMATS, ids=[G.FORMATS[t][0] for t in FORMATS])
-def test_prefill_sized(kernel, qtype):
-    """Many 4-row tiles and a partial one; a long row (48 blocks); output rows over many chunks."""
-    check(kernel, 37, 131, 1536, qtype, torch.float32, bias=True)
+def test_int8_rows_up_to_the_limit(kernel, qtype):
+    """Four 4-row tiles; a long row (48 blocks); output rows over many chunks."""
+    check(kernel, G.INT8_MAX_ROWS, 131, 1536, qtype, torch.float32, bias=True)
+
+
+@pytest.mark.parametrize("qtype", FORMATS, ids=[G.FORMATS[t][0] for t in FORMATS])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_prefill_rows_run_the_dequantized_weight(kernel, qtype, dtype):
+    """More than INT8_MAX_ROWS rows: F.linear on the blocks dequantized to x's dtype."""
+    w = random_blocks(37, 320, qtype)
+    x = torch.randn(G.INT8_MAX_ROWS + 1, 320).to(dtype)
+    b = torch.randn(37).to(dtype)
+    expected = torch.nn.functional.linear(x, G.dequantize(w, qtype, dtype), b)
+    torch.testing.assert_close(kernel(x, w, qtype, b), expected)
+    torch.testing.assert_close(G.gguf_linear_reference(x, w, qtype, b), expected)
 
 
 @pytest.mark.parametrize("qtype", FORMATS, ids=[G.FORMATS[t][0] for t in FORMATS])
