@@ -63,6 +63,7 @@ struct DotprodMicro {
 // (Q4: low and high nibbles, 0..15 as signed bytes; Q8_0: the int8 values), two SDOTs per
 // activation row into 4 int32 lanes, scaled and summed in fp32 lanes.
 struct GgufDotprodMicro {
+  static constexpr bool kFourRows = false;
   template <int R, int QT>
   static void dot(const uint8_t* w, int64_t nb, const int8_t* qx, int64_t k, const float* dx, const float* sx,
                   float* out) {

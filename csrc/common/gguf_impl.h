@@ -9,7 +9,8 @@
 // in fp32. Threads take chunks of output rows (guided, like the GEMV); each chunk runs every
 // activation row in tiles of up to kGgufRows rows, so one decoded weight block serves the tile.
 //
-// M provides `template <int R, int QT> static void dot(const uint8_t* w, int64_t nb,
+// M provides `static constexpr bool kFourRows` (then also `dot4<QT>`, four weight rows against
+// one activation row, see x86/avx512_vnni.cpp) and `template <int R, int QT> static void dot(const uint8_t* w, int64_t nb,
 // const int8_t* qx, int64_t k, const float* dx, const float* sx, float* out)`: the R activation
 // rows (qx row r at qx + r * k, its scales at dx/sx + r * nb) against one weight row of nb
 // blocks of type QT, out[r] = the block sum above (without bias).
@@ -61,17 +62,31 @@ template <class M, int QT, int R>
 void gguf_tile(const GgufArgs& a, const int8_t* qx, const float* dx, const float* sx, int64_t r0, int64_t n0,
                int64_t n1) {
   const int64_t k = a.k, nb = k / kGgufBlock, row_bytes = nb * gguf_block_bytes(QT);
-  for (int64_t j = n0; j < n1; ++j) {
+  const auto store = [&](int64_t j, int r, float y) {
+    const int64_t at = (r0 + r) * a.n + j;
+    y += a.bias ? a.bias[j] : 0.0f;
+    if (a.out_type == 0)
+      static_cast<float*>(a.out)[at] = y;
+    else
+      static_cast<bf16*>(a.out)[at] = float_to_bf16(y);
+  };
+  for (int64_t j = n0; j < n1;) {
+    if constexpr (R == 1 && M::kFourRows && QT != kGgufQ8_0) {
+      // rows 4g..4g+3 together whenever the whole group is in the range: which rows are grouped
+      // depends on j alone (ranges start at multiples of 16 and end at one or at n), so every
+      // caller's split of the rows gives the same results
+      if (j % 4 == 0 && j + 4 <= n1) {
+        float y[4];
+        M::template dot4<QT>(a.w + j * row_bytes, row_bytes, nb, qx + r0 * k, dx + r0 * nb, sx + r0 * nb, y);
+        for (int i = 0; i < 4; ++i) store(j + i, 0, y[i]);
+        j += 4;
+        continue;
+      }
+    }
     float y[R];
     M::template dot<R, QT>(a.w + j * row_bytes, nb, qx + r0 * k, k, dx + r0 * nb, sx + r0 * nb, y);
-    const float b = a.bias ? a.bias[j] : 0.0f;
-    for (int r = 0; r < R; ++r) {
-      const int64_t at = (r0 + r) * a.n + j;
-      if (a.out_type == 0)
-        static_cast<float*>(a.out)[at] = y[r] + b;
-      else
-        static_cast<bf16*>(a.out)[at] = float_to_bf16(y[r] + b);
-    }
+    for (int r = 0; r < R; ++r) store(j, r, y[r]);
+    ++j;
   }
 }
 
@@ -136,6 +151,7 @@ void gguf_linear_kernel(const GgufArgs& a) {
 
 // Plain C++ micro-kernel (the generic variant's; any ISA).
 struct GgufScalarMicro {
+  static constexpr bool kFourRows = false;  // (see GgufVnniMicro::dot4)
   template <int R, int QT>
   static void dot(const uint8_t* w, int64_t nb, const int8_t* qx, int64_t k, const float* dx, const float* sx,
                   float* out) {
