@@ -4,8 +4,8 @@ multiply through the kernel table's ``gguf_linear`` (int8 activations per 32-blo
 
 A merged projection (QKV, gate+up) stays in blocks when all its shards come in one supported
 block type; otherwise (another type in the file, e.g. Q6_K, or an F16/F32 tensor) that layer is
-dense in the run dtype, dequantized as without this method (``GGUFLinearMethod.dense_layers``
-counts them, the start-up log says how many).
+dense in the run dtype, dequantized as without this method (the start-up log counts them,
+``anycore.engine.engine.gguf_summary``).
 """
 
 from __future__ import annotations
@@ -37,7 +37,6 @@ class GGUFBlocks:
 
 class GGUFLinearMethod:
     name = GGUF
-    dense_layers = 0  # layers of this process that fell back to dense weights (see module doc)
 
     def __init__(self, prequantized: bool = True) -> None:
         if not prequantized:
@@ -78,7 +77,6 @@ class GGUFLinearMethod:
         dense = [s.dequantize(self.dtype) if isinstance(s, GGUFBlocks) else s.to(self.dtype) for s in shards]
         layer.weight = nn.Parameter(torch.cat(dense).contiguous(), requires_grad=False)
         layer.method = UnquantizedLinearMethod()
-        GGUFLinearMethod.dense_layers += 1
 
     def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
         kernels = getattr(layer, "kernels", None)
