@@ -9,6 +9,9 @@
 // in fp32. Threads take chunks of output rows (guided, like the GEMV); each chunk runs every
 // activation row in tiles of up to kGgufRows rows, so one decoded weight block serves the tile.
 //
+// Results are the same whatever the split of output rows between threads or calls (the decode
+// team's chunks and the op's agree), but not across activation-row counts: a single row may take
+// dot4, whose fp32 sums run in another order than dot<R>'s.
 // M provides `static constexpr bool kFourRows` (then also `dot4<QT>`, four weight rows against
 // one activation row, see x86/avx512_vnni.cpp) and `template <int R, int QT> static void dot(const uint8_t* w, int64_t nb,
 // const int8_t* qx, int64_t k, const float* dx, const float* sx, float* out)`: the R activation

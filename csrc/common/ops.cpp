@@ -8,10 +8,13 @@
 // per variant compiled into this library, generic first.
 #include "ops.h"
 
+#include "bf16.h"
+
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cstring>
 #include <vector>
 
 namespace anycore {
@@ -307,16 +310,29 @@ namespace {
 // then at::linear (oneDNN's GEMM), as anycore/kernels/gguf.py specifies.
 at::Tensor gguf_dense_linear(const at::Tensor& x, const at::Tensor& qweight, int qtype, int64_t n, int64_t k,
                              const std::optional<at::Tensor>& bias) {
-  at::Tensor w = at::empty({n, k}, x.options().dtype(at::kFloat));
-  float* wp = w.data_ptr<float>();
+  // straight into x's dtype, a block at a time (no fp32 copy of the whole weight)
+  at::Tensor w = at::empty({n, k}, x.options());
+  const bool to_bf16 = x.scalar_type() == at::kBFloat16;
   const uint8_t* src = qweight.data_ptr<uint8_t>();
   const int64_t bb = gguf_block_bytes(qtype), nb = k / kGgufBlock;
   at::parallel_for(0, n, 16, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) gguf_dequantize_row(src + r * nb * bb, qtype, nb, wp + r * k);
+    float block[kGgufBlock];
+    for (int64_t r = r0; r < r1; ++r) {
+      for (int64_t b = 0; b < nb; ++b) {
+        gguf_dequantize_row(src + (r * nb + b) * bb, qtype, 1, block);
+        const int64_t at = r * k + b * kGgufBlock;
+        if (to_bf16) {
+          bf16* dst = reinterpret_cast<bf16*>(w.data_ptr()) + at;
+          for (int i = 0; i < kGgufBlock; ++i) dst[i] = float_to_bf16(block[i]);
+        } else {
+          std::memcpy(w.data_ptr<float>() + at, block, sizeof(block));
+        }
+      }
+    }
   });
   std::optional<at::Tensor> b;
   if (bias.has_value() && bias->defined()) b = bias->to(x.scalar_type());
-  return at::linear(x, w.to(x.scalar_type()), b);
+  return at::linear(x, w, b);
 }
 
 }  // namespace
