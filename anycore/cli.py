@@ -41,8 +41,10 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                         "each streamed as it is made; 0: no native greedy decode; default: %(default)s)")
     g.add_argument("--kernels", default=d("kernels"),
                    help="kernel overrides, e.g. 'torch-native' or 'rms_norm=generic'")
-    g.add_argument("--quantization", default=d("quantization"), choices=["w8a8_int8"],
-                   help="quantize linear layers at load time (pre-quantized checkpoints need no flag)")
+    g.add_argument("--quantization", default=d("quantization"), choices=["w8a8_int8", "gguf"],
+                   help="w8a8_int8: quantize linear layers at load time (pre-quantized checkpoints need no flag); "
+                        "gguf: a GGUF file's Q4_0/Q4_1/Q8_0 projections run in their own blocks (int8 "
+                        "activations), not dequantized to --dtype")
     g.add_argument("--quantize-lm-head", action="store_true", default=d("quantize_lm_head"),
                    help="with --quantization: the logits head too (not written by `anycore quantize`)")
     g.add_argument("--quantize-embedding", action="store_true", default=d("quantize_embedding"),

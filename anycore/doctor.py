@@ -77,6 +77,12 @@ def run_doctor(features: CpuFeatures | None = None, overrides: str | None = None
 
     for arch, reason in op_by_op_architectures().items():
         lines.append(f"  {'':<{width}}  {'op by op':<12}  {arch}: {reason}")
+    gguf = sel.impl("gguf_linear")
+    gguf_native = ext.available and gguf in ext.variants
+    lines.append(f"  {'(gguf blocks)':<{width}}  {gguf:<12}  --quantization gguf: a GGUF file's Q4_0/Q4_1/Q8_0 "
+                 "projections stay in their blocks (int8 activations per 32-block); "
+                 + ("in the native decoder stack and decode team" if gguf_native and not unfused
+                    else "op by op from Python"))
     warnings += sel.warnings
 
     threads = torch.get_num_threads()

@@ -26,6 +26,7 @@ from anycore.kernels.dispatch import select_ops
 from anycore.layers.embedding import LogitsHead, VocabEmbedding
 from anycore.layers.moe import StackedExperts
 from anycore.layers.quant import (
+    GGUF,
     linear_method_factory,
     quantize_online,
     release_free_heap,
@@ -62,6 +63,19 @@ def streamed_weight_bytes(model: torch.nn.Module) -> int:
     return sum(t.numel() * t.element_size() for t in tensors.values()) + active
 
 
+def gguf_summary(model: torch.nn.Module, native_stack: bool) -> str:
+    """What ``--quantization gguf`` runs: projections per block type (or dense), and where."""
+    from collections import Counter
+
+    from anycore.layers.linear import Linear
+    from anycore.layers.quant.gguf_blocks import format_name
+
+    kinds = Counter(format_name(m.qtype) if m.method.name == GGUF else "dense (no block kernel for its type)"
+                    for m in model.modules() if isinstance(m, Linear))
+    where = "in the native decoder stack" if native_stack else "op by op"
+    return f"projections {', '.join(f'{n} {k}' for k, n in sorted(kinds.items()))}; {where}; embedding and logits head dense"
+
+
 class Engine:
     def __init__(self, config: EngineConfig) -> None:
         t0 = time.perf_counter()
@@ -90,9 +104,9 @@ class Engine:
 
         self.ops = select_ops(overrides=config.kernels, threads=config.threads)
         self.thread_governor = ThreadGovernor(torch.get_num_threads()) if config.adaptive_threads else None
-        weights = tqdm(source.weights(self.dtype), total=len(source.weight_names), desc="loading weights",
-                       unit="tensor", disable=None, leave=False)
-        self.quantization, prequantized = resolve_quantization(config.quantization, source.hf_config)
+        self.quantization, prequantized = resolve_quantization(config.quantization, source.hf_config, source.format)
+        weights = tqdm(source.weights(self.dtype, native_blocks=self.quantization == GGUF),
+                       total=len(source.weight_names), desc="loading weights", unit="tensor", disable=None, leave=False)
         if (config.quantize_lm_head or config.quantize_embedding) and prequantized:
             raise ValueError("quantize_lm_head / quantize_embedding apply to online quantization; this checkpoint "
                              "is pre-quantized")
@@ -127,7 +141,10 @@ class Engine:
             self.kv_pool.discard()  # the calibration windows' K/V: no request holds a slot yet
         consolidate_weights(self.model)  # one huge-page block: faster to stream, no heap left fragmented
         tensors = [*self.model.parameters(), *self.model.buffers()]
-        self.num_params = sum(t.numel() for t in tensors)
+        # (GGUF blocks are bytes: their layers count as out x in weights)
+        self.num_params = sum(t.numel() for t in tensors) + sum(
+            m.out_features * m.in_features - m.qweight.numel() for m in self.model.modules()
+            if getattr(m, "qweight", None) is not None and m.qweight.dtype == torch.uint8)
         self.weight_bytes = streamed_weight_bytes(self.model)  # read per decode step (the bandwidth limit's divisor)
 
         eos = set(mc.eos_token_ids)
@@ -153,6 +170,8 @@ class Engine:
                      "(no native decoder stack for a sparse MLP), each sparse layer's experts one fused_moe call",
                      len(mc.moe.moe_layers), mc.num_layers, mc.moe.num_experts, mc.moe.top_k)
         log.info("decoder layers: %s", self.runner.native.layers_path())
+        if self.quantization == GGUF:
+            log.info("gguf: %s", gguf_summary(self.model, self.runner.native.stack(self.dtype) is not None))
 
     # ---- requests -------------------------------------------------------------------------
     def add_request(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None,

@@ -23,11 +23,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from anycore.kernels import int8, moe, reference, torch_native
+from anycore.kernels import gguf, int8, moe, reference, torch_native
 
-# C++ kernel families (csrc/common/kernel_table.h ANYCORE_<FAMILY>_KERNELS, and int8_impl.h):
+# C++ kernel families (csrc/common/kernel_table.h ANYCORE_<FAMILY>_KERNELS, int8_impl.h, gguf_impl.h):
 # a native variant declares ops by family in anycore/platform/selection.py
-FAMILIES = ("elementwise", "attention", "gemv", "int8")
+FAMILIES = ("elementwise", "attention", "gemv", "int8", "gguf")
 _NATIVE_DTYPES = (torch.float32, torch.bfloat16)
 _MAX_HEAD_DIM = 512  # kMaxHeadDim, csrc/common/kernel_table.h
 # rows up to which the native bf16 linear beats oneDNN (one VDPBF16PS tile of activation rows;
@@ -81,6 +81,8 @@ def _fused_moe_native_when(x, router_logits, w13, w2, top_k, renormalize, w13_sc
         return _native_floats(x, w13, w2) and w13.is_contiguous() and w2.is_contiguous()
     return (w13.dtype is torch.int8 and w2.dtype is torch.int8 and w2_scale is not None
             and w13_scale.dtype is torch.float32 and w2_scale.dtype is torch.float32)
+def _gguf_native_when(x: torch.Tensor, qweight: torch.Tensor, qtype: int, bias: torch.Tensor | None = None) -> bool:
+    return x.dtype in _NATIVE_DTYPES and qtype in gguf.FORMATS and qweight.dtype is torch.uint8
 
 
 OP_SPECS: tuple[OpSpec, ...] = (
@@ -115,6 +117,9 @@ OP_SPECS: tuple[OpSpec, ...] = (
     OpSpec("paged_attention_window", reference.paged_attention_window, torch_native.paged_attention_window,
            doc="paged_attention_window(q, k_cache, v_cache, q_start_loc, seq_lens, slot_table, scale, window, "
                "softcap): sliding-window (window > 0) and/or soft-capped (softcap > 0) paged attention"),
+    OpSpec("gguf_linear", reference.gguf_linear, gguf.gguf_linear_torch, "gguf", _gguf_native_when,
+           doc="gguf_linear(x, qweight, qtype, bias=None): qweight the GGUF file's blocks uint8 [N, K/32 * "
+               "block bytes] of ggml type qtype (Q4_0, Q4_1, Q8_0; anycore.kernels.gguf), int8 activations"),
 )
 OP_NAMES: tuple[str, ...] = tuple(s.name for s in OP_SPECS)
 # the ops the native decoder stack calls besides the projections, in its op_impls order

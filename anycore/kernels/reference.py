@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from anycore.kernels.gguf import gguf_linear_reference as gguf_linear  # noqa: F401  (GGUF block oracle)
 from anycore.kernels.int8 import REFERENCE_W8A8 as w8a8_linear  # noqa: F401  (W8A8 INT8 oracle)
 
 

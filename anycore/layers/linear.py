@@ -25,6 +25,8 @@ class LinearMethod(Protocol):
 
     def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor: ...
 
+    # Optional: ``load_shard(layer, kind, tensor, shard) -> bool``: takes a checkpoint tensor
+    # itself (True) instead of the copy into ``layer.<kind>`` (e.g. GGUF blocks, kept as they are).
     # Optional: ``native_args(layer) -> ((weight, w8a8 scale or None, bias or None), variant index)``
     # for the native decoder stack (engine/native_executor.py), or None when this
     # method's multiply has no native equivalent there (the layer then runs unfused).
@@ -96,6 +98,9 @@ class Linear(nn.Module):
     def load(self, kind: str, tensor: torch.Tensor, shard: int = 0) -> None:
         """Copies a checkpoint tensor (``weight``, ``bias``, ``weight_scale``...) into output
         shard ``shard``; every such tensor is split along the output dimension."""
+        load_shard = getattr(self.method, "load_shard", None)
+        if load_shard is not None and load_shard(self, kind, tensor, shard):
+            return  # the method keeps this tensor its own way (e.g. GGUF blocks)
         start = sum(self.out_sizes[:shard])
         size = self.out_sizes[shard]
         target = getattr(self, kind, None)

@@ -1,4 +1,5 @@
-"""GGUF files: config and tokenizer from metadata, weights dequantized on demand.
+"""GGUF files: config and tokenizer from metadata, weights dequantized on demand, or (for
+``--quantization gguf``) projection weights kept in their file blocks.
 
 llama.cpp's converter permutes the rows of Q and K of Llama-architecture models into the
 interleaved-pair RoPE layout; we undo that so every model runs the HF rotate-half RoPE.
@@ -215,6 +216,23 @@ def open_gguf(path: Path) -> ModelSource:
             arr = arr - np.float32(1.0)  # (in fp32, as transformers' GGUF loader does)
         return torch.from_numpy(np.array(arr, dtype=np.float32, copy=True)).to(dtype)
 
+    def blocks(name: str):
+        """A projection weight in a block type gguf_linear runs, as its rows of blocks
+        (Q/K rows un-permuted like the dequantized weight's), else None."""
+        from anycore.kernels.gguf import FORMATS
+        from anycore.layers.quant.gguf_blocks import GGUFBlocks
+
+        t = raw[name]
+        qtype = int(t.tensor_type)
+        if not name.endswith("_proj.weight") or qtype not in FORMATS or len(t.shape) != 2:
+            return None
+        arr = np.asarray(t.data)  # uint8 [rows, row bytes]
+        if permuted and name.endswith("self_attn.q_proj.weight"):
+            arr = _unpermute(arr, config.num_heads)
+        elif permuted and name.endswith("self_attn.k_proj.weight"):
+            arr = _unpermute(arr, config.num_kv_heads)
+        return GGUFBlocks(qtype, torch.from_numpy(np.array(arr, dtype=np.uint8, copy=True)))
+
     tokenizer = load_gguf_tokenizer(path)
     return ModelSource(
         path=path,
@@ -224,4 +242,5 @@ def open_gguf(path: Path) -> ModelSource:
         tokenizer=tokenizer,
         weight_names=list(raw),
         _weights=load,
+        _blocks=blocks,
     )

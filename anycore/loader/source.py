@@ -24,10 +24,16 @@ class ModelSource:
     tokenizer: Any  # a transformers tokenizer (fast)
     weight_names: list[str]
     _weights: Any = field(repr=False, default=None)  # callable(name, dtype) -> tensor
+    # GGUF: callable(name) -> GGUFBlocks (layers/quant/gguf_blocks.py) for a projection weight in
+    # a block type the kernels run, else None; None for other formats
+    _blocks: Any = field(repr=False, default=None)
 
-    def weights(self, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
+    def weights(self, dtype: torch.dtype, native_blocks: bool = False) -> Iterator[tuple[str, Any]]:
+        """(name, tensor) pairs; ``native_blocks``: projection weights the GGUF kernels run come
+        as their file blocks (GGUFBlocks) instead of dequantized tensors."""
         for name in self.weight_names:
-            yield name, self._weights(name, dtype)
+            blocks = self._blocks(name) if native_blocks and self._blocks is not None else None
+            yield name, blocks if blocks is not None else self._weights(name, dtype)
 
 
 def open_model_source(model: str | Path | None) -> ModelSource:

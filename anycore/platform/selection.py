@@ -24,7 +24,8 @@ from anycore.platform.features import CpuFeatures, is_sve_length_flag
 
 OPS = OP_NAMES
 # the registry's ops by C++ kernel family (csrc/common/kernel_table.h, int8_impl.h)
-ELEMENTWISE, ATTENTION, GEMV, INT8 = (ops_of(f) for f in ("elementwise", "attention", "gemv", "int8"))
+ELEMENTWISE, ATTENTION, GEMV, INT8, GGUF = (
+    ops_of(f) for f in ("elementwise", "attention", "gemv", "int8", "gguf"))
 # what a vector variant (kernels_impl.h ANYCORE_DEFINE_TABLE) declares; `linear` (GEMV) only
 # where it beats torch (see below), so not in generic or avx2
 _VECTOR_OPS = ELEMENTWISE + ATTENTION + GEMV
@@ -44,6 +45,9 @@ ENV_OVERRIDE = "ANYCORE_KERNELS"
 # `w8a8_linear` (W8A8 INT8 GEMM/GEMV, weight pre-packed per variant) runs on the int8 dot-product
 # variants (avx512_vnni: VPDPBUSD; dotprod: SDOT; i8mm: SMMLA) and on generic C++ elsewhere;
 # without the extension torch-native (torch._int_mm) replaces it.
+# `gguf_linear` (GGUF Q4_0/Q4_1/Q8_0 blocks, int8 activations per 32-block) runs on the int8
+# dot-product variants that have it (avx512_vnni: VPDPBUSD; dotprod: SDOT) and generic C++
+# elsewhere; without the extension torch-native (blocks decoded per call) replaces it.
 # (op, arch) -> variants never picked automatically there (an override still can): measured
 # slower than torch-native. x86 generic int8 is baseline SSE2 C++ (no int8 dot product), some
 # 10-100x behind torch._int_mm's oneDNN kernels on the SmolLM2 shapes.
@@ -66,7 +70,7 @@ _X86_AVX2 = ("-mavx2", "-mfma", "-mf16c")
 _X86_AVX512 = _X86_AVX2 + ("-mavx512f", "-mavx512bw", "-mavx512vl")
 
 VARIANTS: tuple[Variant, ...] = (
-    Variant("generic", "any", (), 0, "generic/generic.cpp", (), ELEMENTWISE + ATTENTION + INT8,
+    Variant("generic", "any", (), 0, "generic/generic.cpp", (), ELEMENTWISE + ATTENTION + INT8 + GGUF,
             "portable C++ at the architecture's baseline ISA"),
     # x86-64
     Variant("avx2", "x86_64", ("avx2", "fma", "f16c"), 10, "x86/avx2.cpp", _X86_AVX2, ELEMENTWISE + ATTENTION,
@@ -74,8 +78,8 @@ VARIANTS: tuple[Variant, ...] = (
     Variant("avx512", "x86_64", ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl"), 20,
             "x86/avx512.cpp", _X86_AVX512, _VECTOR_OPS, "AVX-512 intrinsics, bf16 converted in software"),
     Variant("avx512_vnni", "x86_64", ("avx512f", "avx512bw", "avx512vl", "avx512_vnni"), 25,
-            "x86/avx512_vnni.cpp", _X86_AVX512 + ("-mavx512vnni",), INT8,
-            "VPDPBUSD int8 GEMM/GEMV (u8 activations + 128, column-sum correction)"),
+            "x86/avx512_vnni.cpp", _X86_AVX512 + ("-mavx512vnni",), INT8 + GGUF,
+            "VPDPBUSD int8 GEMM/GEMV (u8 activations + 128, column-sum correction); GGUF blocks"),
     Variant("avx512_bf16", "x86_64",
             ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx512_vnni"), 30,
             "x86/avx512_bf16.cpp", _X86_AVX512 + ("-mavx512bf16", "-mavx512vnni"), _VECTOR_OPS,
@@ -90,7 +94,7 @@ VARIANTS: tuple[Variant, ...] = (
             ("-march=armv8.2-a+bf16",), _VECTOR_OPS,
             "Neon with BFDOT bf16 dot products (linear, attention q.k); element-wise ops as neon"),
     Variant("dotprod", "aarch64", ("asimd", "asimddp"), 15, "aarch64/dotprod.cpp",
-            ("-march=armv8.2-a+dotprod",), INT8, "SDOT int8 GEMM/GEMV"),
+            ("-march=armv8.2-a+dotprod",), INT8 + GGUF, "SDOT int8 GEMM/GEMV; GGUF blocks"),
     Variant("i8mm", "aarch64", ("asimd", "i8mm"), 16, "aarch64/i8mm.cpp",
             ("-march=armv8.2-a+i8mm",), INT8, "SMMLA int8 GEMM/GEMV (2x8 blocks)"),
     # its kernels are written by hand (aarch64/sve.cpp), not over a vector type: it lists its

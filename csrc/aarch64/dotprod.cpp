@@ -4,6 +4,7 @@
 #include <arm_neon.h>
 
 #include "../common/int8_impl.h"
+#include "../common/gguf_impl.h"
 
 namespace anycore {
 namespace {
@@ -58,9 +59,49 @@ struct DotprodMicro {
   }
 };
 
+// GGUF blocks (anycore/kernels/gguf.py) on SDOT: a block's 32 weights are two 16-byte vectors
+// (Q4: low and high nibbles, 0..15 as signed bytes; Q8_0: the int8 values), two SDOTs per
+// activation row into 4 int32 lanes, scaled and summed in fp32 lanes.
+struct GgufDotprodMicro {
+  static constexpr bool kFourRows = false;
+  template <int R, int QT>
+  static void dot(const uint8_t* w, int64_t nb, const int8_t* qx, int64_t k, const float* dx, const float* sx,
+                  float* out) {
+    constexpr int64_t bb = gguf_block_bytes(QT);
+    float32x4_t acc[R];
+    float corr[R];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) acc[r] = vdupq_n_f32(0.0f), corr[r] = 0.0f;
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* blk = w + b * bb;
+      const float dw = gguf_half(blk);
+      const float mw = QT == kGgufQ4_1 ? gguf_half(blk + 2) : QT == kGgufQ4_0 ? -8.0f * dw : 0.0f;
+      int8x16_t lo, hi;
+      if (QT == kGgufQ8_0) {
+        lo = vld1q_s8(reinterpret_cast<const int8_t*>(blk + 2));
+        hi = vld1q_s8(reinterpret_cast<const int8_t*>(blk + 18));
+      } else {
+        const uint8x16_t raw = vld1q_u8(blk + (QT == kGgufQ4_1 ? 4 : 2));
+        lo = vreinterpretq_s8_u8(vandq_u8(raw, vdupq_n_u8(0x0F)));
+        hi = vreinterpretq_s8_u8(vshrq_n_u8(raw, 4));
+      }
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) {
+        const int8_t* xr = qx + r * k + b * kGgufBlock;
+        const int32x4_t s = vdotq_s32(vdotq_s32(vdupq_n_s32(0), lo, vld1q_s8(xr)), hi, vld1q_s8(xr + 16));
+        acc[r] = vfmaq_n_f32(acc[r], vcvtq_f32_s32(s), dw * dx[r * nb + b]);
+        if (QT != kGgufQ8_0) corr[r] += mw * sx[r * nb + b];
+      }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) out[r] = vaddvq_f32(acc[r]) + corr[r];
+  }
+};
+
 }  // namespace
 
 extern const KernelTable kTable_dotprod;
-constexpr KernelTable kTable_dotprod = int8_only_table("dotprod", ANYCORE_INT8_KERNELS(DotprodMicro));
+constexpr KernelTable kTable_dotprod =
+    int8_only_table("dotprod", ANYCORE_INT8_KERNELS(DotprodMicro), ANYCORE_GGUF_KERNELS(GgufDotprodMicro));
 
 }  // namespace anycore

@@ -49,6 +49,7 @@ Slice share(int64_t n, int64_t unit, int64_t t, int64_t nt) {
 
 constexpr int64_t kGemvBlock = 4;    // rows per block of linear_kernel (gemv_kernels.h)
 constexpr int64_t kInt8Panel = 16;   // output columns per panel of a packed int8 weight (int8_impl.h)
+constexpr int64_t kGgufUnit = 16;    // GGUF weight rows a chunk is made of (any multiple of 1 works)
 constexpr int64_t kMinChunk = 64;    // rows of the smallest chunk a thread takes (see Chunks)
 
 // Rows handed out on demand, in shrinking chunks ("guided"): each chunk is 1/nt of what is left,
@@ -97,9 +98,22 @@ struct Proj {
   const Int8Kernels* i8 = nullptr;  // W8A8
   const void* packed = nullptr;
   const float* w_scale = nullptr;
-  const float* bias_f = nullptr;
+  const float* bias_f = nullptr;  // W8A8 and GGUF
+  const GgufKernels* gg = nullptr;  // GGUF blocks (packed: the blocks)
+  int qtype = 0;
 
-  int64_t unit() const { return i8 ? kInt8Panel : kGemvBlock; }  // rows a chunk is made of
+  int64_t unit() const { return i8 ? kInt8Panel : gg ? kGgufUnit : kGemvBlock; }  // rows a chunk is made of
+  bool at_own_index() const { return i8 || gg; }  // run() writes row j at out[j] (not dense's dst)
+
+  GgufArgs gguf_args(const bf16* x, bf16* out, void* ws) const {
+    GgufArgs a{};
+    a.x = x, a.x_stride = k, a.x_type = 1;
+    a.w = static_cast<const uint8_t*>(packed), a.qtype = qtype, a.bias = bias_f;
+    a.out = out, a.out_type = 1;
+    a.m = 1, a.n = n, a.k = k;
+    a.workspace = ws;
+    return a;
+  }
 
   W8A8Args args(const bf16* x, bf16* out, void* ws) const {
     W8A8Args a{};
@@ -113,12 +127,15 @@ struct Proj {
   // W8A8: x quantized into this thread's workspace (before the thread's first chunk of x)
   void prepare(const bf16* x, void* ws) const {
     if (i8) i8->quantize_row(args(x, nullptr, ws));
+    if (gg) gg->quantize_rows(gguf_args(x, nullptr, ws));
   }
   // rows [r.begin, r.end) of out = x W^T (+ bias), each at its own index
   void run(const bf16* x, bf16* out, void* ws, Slice r) const {
     if (r.size() <= 0) return;
     if (i8) {
       i8->gemm_panels(args(x, out, ws), r.begin / kInt8Panel, (r.end + kInt8Panel - 1) / kInt8Panel);
+    } else if (gg) {
+      gg->gemv_rows(gguf_args(x, out, ws), r.begin, r.end);
     } else {
       run_dense(x, out + r.begin, r);
     }
@@ -161,6 +178,18 @@ bool layer_ptrs(const Weights& w, int64_t w0, const int64_t* lin, int64_t hidden
     if (!wt || impl < 0) return 0;
     g = Proj{};
     g.k = k;
+    if (wt->scalar_type() == at::kByte) {  // GGUF blocks; the scale slot holds the block type
+      if (!scale || scale->numel() != 1 || !wt->is_contiguous() || wt->dim() != 2) return 0;
+      g.qtype = static_cast<int>(scale->item<int64_t>());
+      const int64_t bb = gguf_block_bytes(g.qtype);
+      g.n = n > 0 ? n : wt->size(0);
+      if (bb == 0 || k % kGgufBlock != 0 || wt->size(0) != g.n || wt->size(1) != k / kGgufBlock * bb ||
+          (bias && bias->numel() != g.n))
+        return 0;
+      g.gg = &gguf_table(impl);
+      g.packed = wt->data_ptr(), g.bias_f = bias ? fp32(*bias) : nullptr;
+      return g.n;
+    }
     if (scale) {  // W8A8: packed int8 weight in variant impl's layout, fp32 scales per channel
       g.n = n > 0 ? n : scale->numel();
       g.i8 = &int8_table(impl);
@@ -331,6 +360,7 @@ std::optional<std::tuple<at::Tensor, at::Tensor>> decode_team(
   int64_t ws_bytes = 64;
   for (const Proj* g : {&l0.qkv, &l0.o, &l0.gate_up, &l0.down})
     if (g->i8) ws_bytes = std::max(ws_bytes, (g->i8->workspace_bytes(1, g->k) + 63) / 64 * 64);
+    else if (g->gg) ws_bytes = std::max(ws_bytes, (gguf_workspace_bytes(1, g->k) + 63) / 64 * 64);
   at::Tensor workspaces = at::empty({team * ws_bytes}, bf.dtype(at::kByte));
   at::Tensor gate_up = at::empty({2 * inter}, bf);  // W8A8 gate|up outputs (a packed panel spans 16 of them)
   bf16* gu_p = reinterpret_cast<bf16*>(gate_up.data_ptr());
@@ -402,7 +432,7 @@ std::optional<std::tuple<at::Tensor, at::Tensor>> decode_team(
         // gate rows r and up rows inter + r, side by side in gu, then SiLU(gate) * up of r
         const int64_t len = r.size();
         const Slice up{inter + r.begin, inter + r.end};
-        if (p.gate_up.i8) {  // panels write at their own columns: through the shared gate|up row
+        if (p.gate_up.at_own_index()) {  // panels/rows write at their own columns: through the shared gate|up row
           p.gate_up.run(normed.data(), gu_p, ws, r);
           p.gate_up.run(normed.data(), gu_p, ws, up);
           std::memcpy(gu.data(), gu_p + r.begin, len * es);

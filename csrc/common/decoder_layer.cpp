@@ -34,13 +34,15 @@ std::optional<at::Tensor> optional(const Weights& w, int64_t i) {
   return t.has_value() && t->defined() ? t : std::nullopt;
 }
 
-// One projection. W8A8 when it has a scale; dense otherwise, on the native GEMV only for bf16
+// One projection. GGUF blocks when the weight is uint8; W8A8 when it has a scale; dense otherwise, on the native GEMV only for bf16
 // with at most 4 rows (measured faster than oneDNN there on x86; on Arm chosen so decode runs as
 // one native call, not timed: the same rule as `linear` in kernels/dispatch.py,
 // NATIVE_LINEAR_MAX_ROWS), at::linear for everything else or when impl < 0.
 at::Tensor project(const at::Tensor& x, const Weights& w, int64_t first, int64_t impl) {
   at::Tensor weight = required(w, first);
   std::optional<at::Tensor> scale = optional(w, first + 1), bias = optional(w, first + 2);
+  // GGUF blocks (uint8): the scale slot holds the block type (decoder_layout.h)
+  if (weight.scalar_type() == at::kByte) return gguf_linear(x, weight, required(w, first + 1).item<int64_t>(), bias, impl);
   if (scale.has_value()) return w8a8_linear(x, weight, *scale, bias, impl);
   if (impl >= 0 && x.scalar_type() == at::kBFloat16 && weight.scalar_type() == at::kBFloat16 && x.size(0) <= kNativeLinearMaxRows &&
       weight.is_contiguous())

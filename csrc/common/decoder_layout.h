@@ -12,7 +12,8 @@
 
 namespace anycore::ops {
 
-// weights[], in this order; each projection is (weight, W8A8 scale or None, bias or None)
+// weights[], in this order; each projection is (weight, W8A8 scale or None, bias or None), or
+// for GGUF blocks (uint8 weight, anycore/kernels/gguf.py) (blocks, int64 [1] block type, bias or None)
 enum WeightIndex : int {
   kInputNorm, kQkv, kQkvScale, kQkvBias, kQNorm, kKNorm, kO, kOScale, kOBias,
   kPostNorm, kGateUp, kGateUpScale, kGateUpBias, kDown, kDownScale, kDownBias, kNumWeights

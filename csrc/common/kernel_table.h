@@ -87,6 +87,76 @@ struct Int8Kernels {
   void (*gemm_panels)(const W8A8Args& args, int64_t p0, int64_t p1);
 };
 
+// GGUF block-quantized linear (see anycore/kernels/gguf.py for the block formats and the
+// scheme): the weight is the file's own blocks, uint8 [n, k / 32 * block bytes] row-major;
+// activations are quantized to int8 per 32-block in `workspace` (gguf_workspace_bytes, gguf_impl.h).
+enum GgufType : int { kGgufQ4_0 = 2, kGgufQ4_1 = 3, kGgufQ8_0 = 8 };
+
+struct GgufArgs {
+  const void* x;         // [m, k] fp32 (x_type 0) or bf16 (1), row stride x_stride (elements)
+  int64_t x_stride;
+  int x_type;
+  const uint8_t* w;      // [n] rows of k / 32 blocks of type qtype
+  int qtype;
+  const float* bias;     // [n] fp32 or null
+  void* out;             // [m, n] contiguous, fp32 (out_type 0) or bf16 (1)
+  int out_type;
+  int64_t m, n, k;
+  void* workspace;       // gguf_workspace_bytes(m, k), 64-byte aligned
+};
+
+namespace {  // (internal linkage: each translation unit keeps its own copy, see csrc/README.md)
+constexpr int64_t kGgufBlock = 32;  // weights per block, every format
+constexpr int64_t gguf_block_bytes(int qtype) {
+  return qtype == kGgufQ4_0 ? 18 : qtype == kGgufQ4_1 ? 20 : qtype == kGgufQ8_0 ? 34 : 0;
+}
+// activation rows up to which gguf_linear runs int8 block dot products; more (prefill) run the
+// blocks dequantized to the activation dtype through a float GEMM (anycore/kernels/gguf.py)
+constexpr int64_t kGgufInt8MaxRows = 16;
+// IEEE half -> float, exact (also subnormals); portable, for the scales of a block.
+inline float gguf_half(const uint8_t* p) {
+  const uint16_t h = static_cast<uint16_t>(p[0] | (p[1] << 8));
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
+  if (exp == 0) {
+    const float f = static_cast<float>(man) * (1.0f / 16777216.0f);  // man * 2^-24
+    return sign ? -f : f;
+  }
+  const uint32_t bits = exp == 31 ? (sign | 0x7f800000u | (man << 13)) : (sign | ((exp + 112) << 23) | (man << 13));
+  float f;
+  __builtin_memcpy(&f, &bits, 4);
+  return f;
+}
+// One row of nb blocks -> nb * 32 floats (w = dw * q + mw).
+inline void gguf_dequantize_row(const uint8_t* row, int qtype, int64_t nb, float* out) {
+  const int64_t bb = gguf_block_bytes(qtype);
+  for (int64_t b = 0; b < nb; ++b, out += kGgufBlock) {
+    const uint8_t* blk = row + b * bb;
+    const float d = gguf_half(blk);
+    if (qtype == kGgufQ8_0) {
+      for (int i = 0; i < 32; ++i) out[i] = d * static_cast<float>(static_cast<int8_t>(blk[2 + i]));
+      continue;
+    }
+    const float m = qtype == kGgufQ4_1 ? gguf_half(blk + 2) : -8.0f * d;
+    const uint8_t* qs = blk + (qtype == kGgufQ4_1 ? 4 : 2);
+    for (int i = 0; i < 16; ++i) {
+      out[i] = d * static_cast<float>(qs[i] & 0x0F) + m;
+      out[i + 16] = d * static_cast<float>(qs[i] >> 4) + m;
+    }
+  }
+}
+// workspace of one call: int8 qx [m, k], then fp32 dx and sx [m, k / 32] each
+constexpr int64_t gguf_workspace_bytes(int64_t m, int64_t k) { return m * k + 8 * m * (k / 32) + 64; }
+}  // namespace
+
+struct GgufKernels {
+  void (*gguf_linear)(const GgufArgs& args);  // null: the variant has none (generic's runs)
+  // gguf_linear in two steps for callers inside their own parallel region (the batch-1 decode
+  // team): quantize the m activation rows into the workspace, then any range [n0, n1) of the
+  // output rows (each written at its own column of out)
+  void (*quantize_rows)(const GgufArgs& args);
+  void (*gemv_rows)(const GgufArgs& args, int64_t n0, int64_t n1);
+};
+
 // The kernels a vector variant (kernels_impl.h, ANYCORE_DEFINE_TABLE) writes once over its vector
 // type V, by family: X(table field, function type, kernel template<V, T>). Each becomes a
 // [fp32, bf16] pair in KernelTable and is instantiated for every vector variant; a new op of a
@@ -112,16 +182,18 @@ struct KernelTable {
   ANYCORE_VECTOR_KERNELS(ANYCORE_TABLE_FIELD)
 #undef ANYCORE_TABLE_FIELD
   Int8Kernels int8;  // all null: the variant has no int8 kernels (ops.cpp then uses generic's)
+  GgufKernels gguf;  // null: no GGUF kernels of its own (ops.cpp then uses generic's)
 };
 
 namespace {
 
-// The table of a variant with only int8 kernels (every other entry null). constexpr, and the
+// The table of a variant with only int8 (and GGUF) kernels (every other entry null). constexpr, and the
 // variant's table is declared constexpr with it, so it is constant-initialised: no load-time code.
-constexpr KernelTable int8_only_table(const char* name, Int8Kernels int8) {
+constexpr KernelTable int8_only_table(const char* name, Int8Kernels int8, GgufKernels gguf = {}) {
   KernelTable t{};
   t.name = name;
   t.int8 = int8;
+  t.gguf = gguf;
   return t;
 }
 

@@ -14,13 +14,14 @@ namespace {
 
 // Every kernel of ANYCORE_VECTOR_KERNELS instantiated over V, plus the optional int8 kernels.
 template <typename V>
-constexpr KernelTable vector_table(const char* name, Int8Kernels int8 = {}) {
+constexpr KernelTable vector_table(const char* name, Int8Kernels int8 = {}, GgufKernels gguf = {}) {
   KernelTable t{};
   t.name = name;
 #define ANYCORE_SET_KERNELS(FIELD, FN, KERNEL) t.FIELD[0] = &KERNEL<V, float>, t.FIELD[1] = &KERNEL<V, bf16>;
   ANYCORE_VECTOR_KERNELS(ANYCORE_SET_KERNELS)
 #undef ANYCORE_SET_KERNELS
   t.int8 = int8;
+  t.gguf = gguf;
   return t;
 }
 

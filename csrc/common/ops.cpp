@@ -8,10 +8,13 @@
 // per variant compiled into this library, generic first.
 #include "ops.h"
 
+#include "bf16.h"
+
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cstring>
 #include <vector>
 
 namespace anycore {
@@ -296,6 +299,86 @@ at::Tensor w8a8_int8_acc(const at::Tensor& xq, const at::Tensor& packed, int64_t
   return run_w8a8(x, kInt8Raw, packed, at::Tensor(), std::nullopt, n, at::kInt, kInt8Acc, impl);
 }
 
+const GgufKernels& gguf_table(int64_t impl) {
+  const KernelTable& t = table(impl);
+  return t.gguf.gguf_linear ? t.gguf : generic_table().gguf;
+}
+
+namespace {
+
+// More than kGgufInt8MaxRows activation rows (prefill): the blocks dequantized to x's dtype,
+// then at::linear (oneDNN's GEMM), as anycore/kernels/gguf.py specifies.
+at::Tensor gguf_dense_linear(const at::Tensor& x, const at::Tensor& qweight, int qtype, int64_t n, int64_t k,
+                             const std::optional<at::Tensor>& bias) {
+  // straight into x's dtype, a block at a time (no fp32 copy of the whole weight)
+  at::Tensor w = at::empty({n, k}, x.options());
+  const bool to_bf16 = x.scalar_type() == at::kBFloat16;
+  const uint8_t* src = qweight.data_ptr<uint8_t>();
+  const int64_t bb = gguf_block_bytes(qtype), nb = k / kGgufBlock;
+  at::parallel_for(0, n, 16, [&](int64_t r0, int64_t r1) {
+    float block[kGgufBlock];
+    for (int64_t r = r0; r < r1; ++r) {
+      for (int64_t b = 0; b < nb; ++b) {
+        gguf_dequantize_row(src + (r * nb + b) * bb, qtype, 1, block);
+        const int64_t at = r * k + b * kGgufBlock;
+        if (to_bf16) {
+          bf16* dst = reinterpret_cast<bf16*>(w.data_ptr()) + at;
+          for (int i = 0; i < kGgufBlock; ++i) dst[i] = float_to_bf16(block[i]);
+        } else {
+          std::memcpy(w.data_ptr<float>() + at, block, sizeof(block));
+        }
+      }
+    }
+  });
+  std::optional<at::Tensor> b;
+  if (bias.has_value() && bias->defined()) b = bias->to(x.scalar_type());
+  return at::linear(x, w, b);
+}
+
+}  // namespace
+
+// GGUF block linear: y = blocks(x) . W^T (+ bias), W the file's blocks uint8 [N, K / 32 * block
+// bytes] of ggml type qtype (anycore/kernels/gguf.py). A variant without GGUF kernels runs
+// generic's (the layout is the file's, the same for every variant).
+at::Tensor gguf_linear(const at::Tensor& x_in, const at::Tensor& qweight, int64_t qtype,
+                       const std::optional<at::Tensor>& bias, int64_t impl) {
+  const int64_t bb = gguf_block_bytes(static_cast<int>(qtype));
+  TORCH_CHECK(bb > 0, "gguf_linear: unsupported block type ", qtype, " (Q4_0 = 2, Q4_1 = 3, Q8_0 = 8)");
+  TORCH_CHECK(qweight.device().is_cpu() && qweight.dim() == 2 && qweight.scalar_type() == at::kByte &&
+                  qweight.is_contiguous() && qweight.size(1) % bb == 0,
+              "gguf_linear: qweight must be a contiguous uint8 [N, blocks * ", bb, "] CPU tensor");
+  const int64_t n = qweight.size(0), k = qweight.size(1) / bb * kGgufBlock;
+  const int dt = dtype_index(x_in);
+  TORCH_CHECK(x_in.size(-1) == k, "gguf_linear: x has ", x_in.size(-1), " features, the weight ", k);
+  at::Tensor x = as_rows(x_in);
+  const int64_t m = x.size(0);
+  if (m > kGgufInt8MaxRows) return gguf_dense_linear(x_in, qweight, static_cast<int>(qtype), n, k, bias);
+  GgufArgs a{};
+  at::Tensor bc;
+  if (bias.has_value() && bias->defined()) {
+    bc = bias->to(at::kFloat).contiguous();
+    TORCH_CHECK(bc.numel() == n, "gguf_linear: bias must be [N]");
+    a.bias = bc.data_ptr<float>();
+  }
+  at::Tensor out = at::empty({m, n}, x.options());
+  if (m > 0 && n > 0 && k > 0) {
+    at::Tensor work = at::empty({gguf_workspace_bytes(m, k)}, x.options().dtype(at::kByte));
+    a.x = x.data_ptr();
+    a.x_stride = x.stride(0);
+    a.x_type = dt;
+    a.w = qweight.data_ptr<uint8_t>();
+    a.qtype = static_cast<int>(qtype);
+    a.out = out.data_ptr();
+    a.out_type = dt;
+    a.m = m, a.n = n, a.k = k;
+    a.workspace = work.data_ptr();
+    gguf_table(impl).gguf_linear(a);
+  }
+  std::vector<int64_t> shape(x_in.sizes().begin(), x_in.sizes().end());
+  shape.back() = n;
+  return out.view(shape);
+}
+
 std::vector<std::string> variants() {
   std::vector<std::string> names;
   for (const KernelTable* t : kTables) names.emplace_back(t->name);
@@ -315,6 +398,7 @@ std::vector<std::string> variant_kernels(int64_t impl) {
   if (t.int8.w8a8_linear) names.emplace_back("w8a8_linear");
   // fused_moe (fused_moe.cpp) is composed of these two: the variant's own when it has both
   if (t.linear[0] && t.linear[1] && t.silu_and_mul[0] && t.silu_and_mul[1]) names.emplace_back("fused_moe");
+  if (t.gguf.gguf_linear) names.emplace_back("gguf_linear");
   return names;
 }
 
@@ -341,6 +425,7 @@ TORCH_LIBRARY(anycore, m) {
   m.def("w8a8_linear(Tensor x, Tensor packed, Tensor w_scale, Tensor? bias, int impl) -> Tensor", &w8a8_linear);
   m.def("fused_moe(Tensor x, Tensor router_logits, Tensor w13, Tensor w2, int top_k, bool renormalize, "
         "Tensor? w13_scale, Tensor? w2_scale, int impl) -> Tensor", &fused_moe);
+  m.def("gguf_linear(Tensor x, Tensor qweight, int qtype, Tensor? bias, int impl) -> Tensor", &gguf_linear);
   m.def("w8a8_int8_acc(Tensor xq, Tensor packed, int n, int impl) -> Tensor", &w8a8_int8_acc);
   m.class_<StackWeights>("StackWeights").def(torch::init<Weights, std::vector<int64_t>, std::vector<int64_t>>());
   m.def("decoder_stack(Tensor hidden, __torch__.torch.classes.anycore.StackWeights weights, Tensor k_pool, "

@@ -44,6 +44,10 @@ at::Tensor int8_unpack(const at::Tensor& packed, int64_t n, int64_t k, int64_t i
 at::Tensor fused_moe(const at::Tensor& x, const at::Tensor& router_logits, const at::Tensor& w13, const at::Tensor& w2,
                      int64_t top_k, bool renormalize, const std::optional<at::Tensor>& w13_scale,
                      const std::optional<at::Tensor>& w2_scale, int64_t impl);
+at::Tensor gguf_linear(const at::Tensor& x, const at::Tensor& qweight, int64_t qtype,
+                       const std::optional<at::Tensor>& bias, int64_t impl);
+// The GGUF kernels of variant `impl` (generic's when it has none; the layout is the file's).
+const GgufKernels& gguf_table(int64_t impl);
 
 // The int8 kernels of variant `impl` (generic's when it has none): what packed its weights.
 const Int8Kernels& int8_table(int64_t impl);

@@ -2,6 +2,7 @@
 #include "../common/vec_generic.h"
 #include "../common/kernels_impl.h"
 #include "../common/int8_impl.h"
+#include "../common/gguf_impl.h"
 
 namespace anycore {
 namespace {
@@ -31,4 +32,4 @@ struct GenericI8Micro {
 }  // namespace
 }  // namespace anycore
 
-ANYCORE_DEFINE_TABLE(generic, VecGeneric, ANYCORE_INT8_KERNELS(GenericI8Micro))
+ANYCORE_DEFINE_TABLE(generic, VecGeneric, ANYCORE_INT8_KERNELS(GenericI8Micro), ANYCORE_GGUF_KERNELS(GgufScalarMicro))

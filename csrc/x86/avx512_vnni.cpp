@@ -1,14 +1,118 @@
 // AVX-512 VNNI variant: the W8A8 INT8 linear on VPDPBUSD (needs avx512f/bw/vl + avx512_vnni;
-// Cascade Lake and later, Zen 4). Other ops are null here: selection keeps them elsewhere.
-// The kernel and its unsigned-activation correction are in vnni_micro.h.
+// Cascade Lake and later, Zen 4), and the GGUF block linear (Q4_0/Q4_1/Q8_0 weights, int8
+// activations per 32-block) on 256-bit VPDPBUSD. Other ops are null here: selection keeps them
+// elsewhere. The W8A8 kernel and its unsigned-activation correction are in vnni_micro.h.
 #include "vnni_micro.h"
+
+#include "../common/gguf_impl.h"
 
 namespace anycore {
 namespace {
 using VnniMicro = VnniMicroT<4, 1>;
+
+// One GGUF block is 32 weights: one 256-bit VPDPBUSD per activation row. Q4 nibbles (0..15) are
+// the unsigned operand as they are; Q8_0 (signed x signed) multiplies |w| by x carrying w's sign
+// (VPSIGNB), the same products. The 8 int32 lanes are scaled and summed in fp32 lanes; one
+// horizontal sum per output at the end.
+struct GgufVnniMicro {
+  // Four consecutive weight rows against one activation row (decode): the rows' nibbles side by
+  // side in one 512-bit vector (128 bits a row), so one VPDPBUSD pair does 4 rows x 32 weights
+  // and each row's scale is a 4-lane group. Q4 formats only (kFourRows); Q8_0 runs row by row.
+  static constexpr bool kFourRows = true;
+
+  static __m128 four_halves(const uint8_t* p, int64_t stride) {
+    uint16_t h0, h1, h2, h3;
+    std::memcpy(&h0, p, 2), std::memcpy(&h1, p + stride, 2), std::memcpy(&h2, p + 2 * stride, 2),
+        std::memcpy(&h3, p + 3 * stride, 2);
+    return _mm_cvtph_ps(_mm_setr_epi16(static_cast<short>(h0), static_cast<short>(h1), static_cast<short>(h2),
+                                       static_cast<short>(h3), 0, 0, 0, 0));
+  }
+
+  template <int QT>
+  static void dot4(const uint8_t* w, int64_t row_bytes, int64_t nb, const int8_t* qx, const float* dx,
+                   const float* sx, float* out) {
+    static_assert(QT != kGgufQ8_0, "Q8_0 runs row by row");
+    constexpr int64_t bb = gguf_block_bytes(QT);
+    constexpr int hdr = QT == kGgufQ4_1 ? 4 : 2;
+    const __m512i low4 = _mm512_set1_epi8(0x0F), zero = _mm512_setzero_si512();
+    const __m512i spread = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+    __m512 acc = _mm512_setzero_ps();
+    __m128 corr = _mm_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* p = w + b * bb;
+      const __m128 dw = four_halves(p, row_bytes);
+      const __m128 s4 = _mm_mul_ps(dw, _mm_set1_ps(dx[b]));
+      const __m512 s16 = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(s4));
+      __m512i raw = _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + hdr)));
+      raw = _mm512_inserti32x4(raw, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + row_bytes + hdr)), 1);
+      raw = _mm512_inserti32x4(raw, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2 * row_bytes + hdr)), 2);
+      raw = _mm512_inserti32x4(raw, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 3 * row_bytes + hdr)), 3);
+      const __m512i lo = _mm512_and_si512(raw, low4), hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
+      const int8_t* xb = qx + b * kGgufBlock;
+      const __m512i xlo = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xb)));
+      const __m512i xhi = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xb + 16)));
+      const __m512i s = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(zero, lo, xlo), hi, xhi);
+      acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), s16, acc);
+      const __m128 mw = QT == kGgufQ4_1 ? four_halves(p + 2, row_bytes) : _mm_mul_ps(dw, _mm_set1_ps(-8.0f));
+      corr = _mm_fmadd_ps(mw, _mm_set1_ps(sx[b]), corr);
+    }
+    const __m128 a0 = _mm512_extractf32x4_ps(acc, 0), a1 = _mm512_extractf32x4_ps(acc, 1);
+    const __m128 a2 = _mm512_extractf32x4_ps(acc, 2), a3 = _mm512_extractf32x4_ps(acc, 3);
+    _mm_storeu_ps(out, _mm_add_ps(_mm_hadd_ps(_mm_hadd_ps(a0, a1), _mm_hadd_ps(a2, a3)), corr));
+  }
+
+  template <int R, int QT>
+  static void dot(const uint8_t* w, int64_t nb, const int8_t* qx, int64_t k, const float* dx, const float* sx,
+                  float* out) {
+    constexpr int64_t bb = gguf_block_bytes(QT);
+    const __m256i zero = _mm256_setzero_si256(), low4 = _mm256_set1_epi8(0x0F);
+    __m256 acc[R];
+    float corr[R];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps(), corr[r] = 0.0f;
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* blk = w + b * bb;
+      uint16_t h;
+      std::memcpy(&h, blk, 2);
+      const float dw = _cvtsh_ss(h);
+      float mw = 0.0f;
+      if (QT == kGgufQ4_1) {
+        std::memcpy(&h, blk + 2, 2);
+        mw = _cvtsh_ss(h);
+      } else if (QT == kGgufQ4_0) {
+        mw = -8.0f * dw;
+      }
+      __m256i wv, wabs = zero;
+      if (QT == kGgufQ8_0) {
+        wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
+        wabs = _mm256_abs_epi8(wv);
+      } else {
+        const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + (QT == kGgufQ4_1 ? 4 : 2)));
+        // low nibbles are elements 0..15, high nibbles 16..31
+        wv = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), low4);
+      }
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) {
+        const __m256i av = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qx + r * k + b * kGgufBlock));
+        const __m256i s = QT == kGgufQ8_0 ? _mm256_dpbusd_epi32(zero, wabs, _mm256_sign_epi8(av, wv))
+                                          : _mm256_dpbusd_epi32(zero, wv, av);
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(dw * dx[r * nb + b]), acc[r]);
+        if (QT != kGgufQ8_0) corr[r] += mw * sx[r * nb + b];
+      }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      __m128 v = _mm_add_ps(_mm256_castps256_ps128(acc[r]), _mm256_extractf128_ps(acc[r], 1));
+      v = _mm_add_ps(v, _mm_movehl_ps(v, v));
+      v = _mm_add_ss(v, _mm_movehdup_ps(v));
+      out[r] = _mm_cvtss_f32(v) + corr[r];
+    }
+  }
+};
 }  // namespace
 
 extern const KernelTable kTable_avx512_vnni;
-constexpr KernelTable kTable_avx512_vnni = int8_only_table("avx512_vnni", ANYCORE_INT8_KERNELS(VnniMicro));
+constexpr KernelTable kTable_avx512_vnni =
+    int8_only_table("avx512_vnni", ANYCORE_INT8_KERNELS(VnniMicro), ANYCORE_GGUF_KERNELS(GgufVnniMicro));
 
 }  // namespace anycore

@@ -38,18 +38,23 @@ def _expect(op_impl: str, **per_op: str) -> dict[str, str]:
 @pytest.mark.parametrize(
     "features, available, expected",
     [
-        (X86_AVX2, ALL_X86, _expect("avx2", linear="torch-native", fused_moe="torch-native", w8a8_linear="torch-native")),
-        (X86_AVX512, ALL_X86, _expect("avx512", w8a8_linear="torch-native")),
-        (X86_AVX512_BF16, ALL_X86, _expect("avx512_bf16", w8a8_linear="avx512_vnni")),
-        (X86_AMX, ALL_X86, _expect("avx512_bf16", w8a8_linear="amx")),
-        (ARM_NEON, ALL_ARM, _expect("neon", w8a8_linear="generic")),
-        (ARM_DOTPROD, ALL_ARM, _expect("neon", w8a8_linear="dotprod")),
-        (ARM_BF16, ALL_ARM, _expect("neon_bf16", w8a8_linear="i8mm")),
-        (ARM_SVE128, ALL_ARM, _expect("sve", paged_attention="neon_bf16", linear="neon_bf16", fused_moe="neon_bf16", w8a8_linear="i8mm")),
-        (ARM_SVE256, ALL_ARM, _expect("sve256", w8a8_linear="i8mm")),
-        (ARM_SVE512, ALL_ARM, _expect("sve", paged_attention="neon_bf16", linear="neon_bf16", fused_moe="neon_bf16", w8a8_linear="i8mm")),
-        (ARM_A64FX, ALL_ARM, _expect("sve", paged_attention="neon", linear="neon", fused_moe="neon", w8a8_linear="generic")),
-        (RISCV, ("generic",), _expect("generic", linear="torch-native", fused_moe="torch-native", w8a8_linear="generic")),
+        (X86_AVX2, ALL_X86, _expect("avx2", linear="torch-native", fused_moe="torch-native", w8a8_linear="torch-native",
+                                    gguf_linear="generic")),
+        (X86_AVX512, ALL_X86, _expect("avx512", w8a8_linear="torch-native", gguf_linear="generic")),
+        (X86_AVX512_BF16, ALL_X86, _expect("avx512_bf16", w8a8_linear="avx512_vnni", gguf_linear="avx512_vnni")),
+        (X86_AMX, ALL_X86, _expect("avx512_bf16", w8a8_linear="amx", gguf_linear="avx512_vnni")),
+        (ARM_NEON, ALL_ARM, _expect("neon", w8a8_linear="generic", gguf_linear="generic")),
+        (ARM_DOTPROD, ALL_ARM, _expect("neon", w8a8_linear="dotprod", gguf_linear="dotprod")),
+        (ARM_BF16, ALL_ARM, _expect("neon_bf16", w8a8_linear="i8mm", gguf_linear="dotprod")),
+        (ARM_SVE128, ALL_ARM, _expect("sve", paged_attention="neon_bf16", linear="neon_bf16", fused_moe="neon_bf16",
+                                         w8a8_linear="i8mm", gguf_linear="dotprod")),
+        (ARM_SVE256, ALL_ARM, _expect("sve256", w8a8_linear="i8mm", gguf_linear="dotprod")),
+        (ARM_SVE512, ALL_ARM, _expect("sve", paged_attention="neon_bf16", linear="neon_bf16", fused_moe="neon_bf16",
+                                         w8a8_linear="i8mm", gguf_linear="dotprod")),
+        (ARM_A64FX, ALL_ARM, _expect("sve", paged_attention="neon", linear="neon", fused_moe="neon", w8a8_linear="generic",
+                                        gguf_linear="generic")),
+        (RISCV, ("generic",), _expect("generic", linear="torch-native", fused_moe="torch-native", w8a8_linear="generic",
+                                      gguf_linear="generic")),
         (X86_AVX512, None, _expect("torch-native")),
         (ARM_SVE_I8MM, None, _expect("torch-native")),
     ],
@@ -116,10 +121,11 @@ def test_sve256_refused_on_another_vector_length(features):
 def test_sve256_needs_bf16_too():
     no_bf16 = CpuFeatures("aarch64", ARM_DOTPROD.flags | {"sve"}, sve_vector_bits=256)
     assert sel.select(no_bf16, ALL_ARM).as_dict() == _expect("sve", paged_attention="neon", linear="neon",
-                                                             fused_moe="neon", w8a8_linear="dotprod")
+                                                             fused_moe="neon", w8a8_linear="dotprod",
+                                                             gguf_linear="dotprod")
     s = sel.select(ARM_SVE256, ("generic", "neon", "neon_bf16", "sve"))  # built without sve256
     assert s.as_dict() == _expect("sve", paged_attention="neon_bf16", linear="neon_bf16", fused_moe="neon_bf16",
-                                  w8a8_linear="generic")
+                                  w8a8_linear="generic", gguf_linear="generic")
     assert any("sve256 usable on this CPU but the extension was built without it" in w for w in s.warnings)
 
 
@@ -196,10 +202,12 @@ def test_ops_come_from_the_registry_by_family():
     from anycore.kernels.ops import OP_NAMES, ops_of
 
     assert sel.OPS == OP_NAMES
-    assert sel.variant("generic").ops == ops_of("elementwise") + ops_of("attention") + ops_of("int8")
+    assert sel.variant("generic").ops == ops_of("elementwise") + ops_of("attention") + ops_of("int8") + ops_of("gguf")
     for name in ("avx512", "avx512_bf16", "neon", "neon_bf16", "sve256"):  # vector variants with the GEMV
         assert sel.variant(name).ops == ops_of("elementwise") + ops_of("attention") + ops_of("gemv"), name
-    for name in ("avx512_vnni", "amx", "dotprod", "i8mm"):
+    for name in ("avx512_vnni", "dotprod"):  # int8 dot products: W8A8 and the GGUF blocks
+        assert sel.variant(name).ops == ops_of("int8") + ops_of("gguf") == ("w8a8_linear", "gguf_linear"), name
+    for name in ("amx", "i8mm"):
         assert sel.variant(name).ops == ops_of("int8") == ("w8a8_linear",), name
     assert sel.variant("sve").ops == ("rms_norm", "add_rms_norm", "apply_rotary", "silu_and_mul")
 

@@ -10,10 +10,11 @@ from tqdm import tqdm
 from anycore.layers.embedding import LogitsHead, VocabEmbedding
 from anycore.layers.linear import Linear
 from anycore.layers.moe import StackedExperts
+from anycore.layers.quant.gguf_blocks import GGUF, GGUFLinearMethod
 from anycore.layers.quant.smoothing import collect_input_stats, smooth
 from anycore.layers.quant.w8a8_int8 import W8A8Int8LinearMethod
 
-QUANTIZATION_METHODS = {"w8a8_int8": W8A8Int8LinearMethod}
+QUANTIZATION_METHODS = {"w8a8_int8": W8A8Int8LinearMethod, GGUF: GGUFLinearMethod}
 
 
 def linear_method_factory(name: str | None, prequantized: bool = False):
@@ -27,8 +28,13 @@ def linear_method_factory(name: str | None, prequantized: bool = False):
     return lambda: cls(prequantized=prequantized)
 
 
-def resolve_quantization(requested: str | None, hf_config: dict) -> tuple[str | None, bool]:
-    """(method name, pre-quantized?) from the user's flag and the checkpoint's own config."""
+def resolve_quantization(requested: str | None, hf_config: dict, source_format: str = "hf") -> tuple[str | None, bool]:
+    """(method name, pre-quantized?) from the user's flag and the checkpoint's own config.
+    ``gguf`` (the file's own blocks) is pre-quantized and needs a GGUF file."""
+    if requested == GGUF:
+        if source_format != "gguf":
+            raise ValueError("quantization 'gguf' serves a GGUF file's own weight blocks; this model is not a GGUF file")
+        return GGUF, True
     qc = hf_config.get("quantization_config")
     if not qc:
         if requested is not None and requested not in QUANTIZATION_METHODS:

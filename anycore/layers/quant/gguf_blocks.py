@@ -1,0 +1,95 @@
+"""GGUF block weights served as they are (``--quantization gguf``): Q4_0, Q4_1 and Q8_0
+projections keep the file's blocks (anycore/kernels/gguf.py), never expanded to bf16, and
+multiply through the kernel table's ``gguf_linear`` (int8 activations per 32-block).
+
+A merged projection (QKV, gate+up) stays in blocks when all its shards come in one supported
+block type; otherwise (another type in the file, e.g. Q6_K, or an F16/F32 tensor) that layer is
+dense in the run dtype, dequantized as without this method (the start-up log counts them,
+``anycore.engine.engine.gguf_summary``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from anycore.kernels.gguf import FORMATS, dequantize, gguf_linear_torch, in_features
+
+GGUF = "gguf"
+
+
+@dataclass(frozen=True)
+class GGUFBlocks:
+    """One checkpoint tensor still in its file blocks: ``data`` uint8 ``[rows, K / 32 * block bytes]``."""
+
+    qtype: int
+    data: torch.Tensor
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.data.shape[0], in_features(self.data, self.qtype))
+
+    def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
+        return dequantize(self.data, self.qtype, dtype)
+
+
+class GGUFLinearMethod:
+    name = GGUF
+
+    def __init__(self, prequantized: bool = True) -> None:
+        if not prequantized:
+            raise ValueError("gguf weights come quantized in the file; there is no online gguf quantization")
+        self.shards: dict[int, GGUFBlocks | torch.Tensor] = {}
+
+    def create_weights(self, layer: nn.Module, dtype: torch.dtype) -> None:
+        # a placeholder, so the checkpoint's completeness check expects `weight`; the shards are
+        # kept by load_shard and joined after loading
+        layer.weight = nn.Parameter(torch.empty(0, dtype=dtype), requires_grad=False)
+        self.dtype = dtype
+
+    def load_shard(self, layer: nn.Module, kind: str, tensor, shard: int) -> bool:
+        """Takes shard ``shard`` of the weight (blocks or a dense tensor); False for other kinds."""
+        if kind != "weight":
+            return False
+        expected = (layer.out_sizes[shard], layer.in_features)
+        if tuple(tensor.shape) != expected:
+            raise ValueError(f"weight shard {shard}: checkpoint shape {tuple(tensor.shape)} != expected {expected}")
+        self.shards[shard] = tensor
+        return True
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        shards = [self.shards[i] for i in range(len(layer.out_sizes))]
+        self.shards = {}
+        qtypes = {s.qtype if isinstance(s, GGUFBlocks) else None for s in shards}
+        if len(qtypes) == 1 and None not in qtypes:
+            (qtype,) = qtypes
+            layer.qtype = qtype
+            # the native decoder stack's "scale" slot for blocks (csrc/common/decoder_layout.h)
+            layer.qtype_tensor = torch.tensor([qtype], dtype=torch.int64)
+            layer.register_buffer("qweight", torch.cat([s.data for s in shards]).contiguous())
+            del layer.weight
+            layer.register_buffer("weight", None, persistent=False)
+            return
+        from anycore.layers.linear import UnquantizedLinearMethod
+
+        dense = [s.dequantize(self.dtype) if isinstance(s, GGUFBlocks) else s.to(self.dtype) for s in shards]
+        layer.weight = nn.Parameter(torch.cat(dense).contiguous(), requires_grad=False)
+        layer.method = UnquantizedLinearMethod()
+
+    def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        kernels = getattr(layer, "kernels", None)
+        op = kernels.gguf_linear if kernels is not None else gguf_linear_torch
+        return op(x, layer.qweight, layer.qtype, layer.bias)
+
+
+    def native_args(self, layer: nn.Module):
+        """For the native decoder stack: (blocks, block type, bias) on the bound native kernel."""
+        kernels = getattr(layer, "kernels", None)
+        index = kernels.native_index.get("gguf_linear") if kernels is not None else None
+        return None if index is None else ((layer.qweight, layer.qtype_tensor, layer.bias), index)
+
+
+def format_name(qtype: int) -> str:
+    return FORMATS[qtype][0]

@@ -1,0 +1,192 @@
+// GGUF block-quantized linear (Q4_0, Q4_1, Q8_0) once over an ISA micro-kernel M.
+//
+// The weight stays in the file's blocks (anycore/kernels/gguf.py): one output row is k / 32
+// blocks of fp16 scale(s) + 16 nibble bytes (Q4) or 32 int8 (Q8_0). The activation row is
+// quantized per 32-block into the workspace: int8 qx, fp32 dx = max|x| / 127 and
+// sx = dx * sum(qx) (bit for bit the reference's fp32 arithmetic). Per block the micro-kernel
+// takes the exact int32 sum(q * qx) in registers (VPDPBUSD, SDOT or plain C++), then
+//   y += dw * dx * isum  (+ mw * sx: Q4_1's minimum, Q4_0's -8 offset)
+// in fp32. Threads take chunks of output rows (guided, like the GEMV); each chunk runs every
+// activation row in tiles of up to kGgufRows rows, so one decoded weight block serves the tile.
+//
+// Results are the same whatever the split of output rows between threads or calls (the decode
+// team's chunks and the op's agree), but not across activation-row counts: a single row may take
+// dot4, whose fp32 sums run in another order than dot<R>'s.
+// M provides `static constexpr bool kFourRows` (then also `dot4<QT>`, four weight rows against
+// one activation row, see x86/avx512_vnni.cpp) and `template <int R, int QT> static void dot(const uint8_t* w, int64_t nb,
+// const int8_t* qx, int64_t k, const float* dx, const float* sx, float* out)`: the R activation
+// rows (qx row r at qx + r * k, its scales at dx/sx + r * nb) against one weight row of nb
+// blocks of type QT, out[r] = the block sum above (without bias).
+#pragma once
+#include <cstdint>
+#include <cstring>
+
+#include "bf16.h"
+#include "kernel_table.h"
+#include "parallel.h"
+
+namespace anycore {
+namespace {
+
+constexpr int kGgufRows = 4;  // activation rows per tile (accumulators per row stay in registers)
+constexpr int64_t kGgufRowGrain = 16;  // output rows per work chunk
+
+inline float gguf_load(float v) { return v; }
+inline float gguf_load(bf16 v) { return bf16_to_float(v); }
+
+// One activation row -> qx (int8 [k]), dx, sx ([k / 32]); the reference's arithmetic exactly.
+template <typename T>
+void gguf_quantize_row(const T* x, int64_t k, int8_t* qx, float* dx, float* sx) {
+  constexpr float kMagic = 12582912.0f;  // 1.5 * 2^23: (v + kMagic) - kMagic rounds half to even
+  for (int64_t b = 0; b < k / kGgufBlock; ++b) {
+    float v[kGgufBlock];
+    float amax = 0.0f;
+    for (int i = 0; i < kGgufBlock; ++i) {
+      v[i] = gguf_load(x[b * kGgufBlock + i]);
+      const float a = v[i] < 0.0f ? -v[i] : v[i];
+      amax = a > amax ? a : amax;
+    }
+    const float d = (amax > 1e-12f ? amax : 1e-12f) / 127.0f;
+    int32_t sum = 0;
+    for (int i = 0; i < kGgufBlock; ++i) {
+      float q = v[i] / d;
+      q = (q + kMagic) - kMagic;
+      q = q > 127.0f ? 127.0f : (q < -127.0f ? -127.0f : q);
+      const int32_t qi = static_cast<int32_t>(q);
+      qx[b * kGgufBlock + i] = static_cast<int8_t>(qi);
+      sum += qi;
+    }
+    dx[b] = d;
+    sx[b] = d * static_cast<float>(sum);
+  }
+}
+
+template <class M, int QT, int R>
+void gguf_tile(const GgufArgs& a, const int8_t* qx, const float* dx, const float* sx, int64_t r0, int64_t n0,
+               int64_t n1) {
+  const int64_t k = a.k, nb = k / kGgufBlock, row_bytes = nb * gguf_block_bytes(QT);
+  const auto store = [&](int64_t j, int r, float y) {
+    const int64_t at = (r0 + r) * a.n + j;
+    y += a.bias ? a.bias[j] : 0.0f;
+    if (a.out_type == 0)
+      static_cast<float*>(a.out)[at] = y;
+    else
+      static_cast<bf16*>(a.out)[at] = float_to_bf16(y);
+  };
+  for (int64_t j = n0; j < n1;) {
+    if constexpr (R == 1 && M::kFourRows && QT != kGgufQ8_0) {
+      // rows 4g..4g+3 together whenever the whole group is in the range: which rows are grouped
+      // depends on j alone (ranges start at multiples of 16 and end at one or at n), so every
+      // caller's split of the rows gives the same results
+      if (j % 4 == 0 && j + 4 <= n1) {
+        float y[4];
+        M::template dot4<QT>(a.w + j * row_bytes, row_bytes, nb, qx + r0 * k, dx + r0 * nb, sx + r0 * nb, y);
+        for (int i = 0; i < 4; ++i) store(j + i, 0, y[i]);
+        j += 4;
+        continue;
+      }
+    }
+    float y[R];
+    M::template dot<R, QT>(a.w + j * row_bytes, nb, qx + r0 * k, k, dx + r0 * nb, sx + r0 * nb, y);
+    for (int r = 0; r < R; ++r) store(j, r, y[r]);
+    ++j;
+  }
+}
+
+template <class M, int QT>
+void gguf_rows(const GgufArgs& a, const int8_t* qx, const float* dx, const float* sx, int64_t n0, int64_t n1) {
+  for (int64_t r0 = 0; r0 < a.m; r0 += kGgufRows) {
+    switch (a.m - r0 < kGgufRows ? a.m - r0 : kGgufRows) {
+      case 1: gguf_tile<M, QT, 1>(a, qx, dx, sx, r0, n0, n1); break;
+      case 2: gguf_tile<M, QT, 2>(a, qx, dx, sx, r0, n0, n1); break;
+      case 3: gguf_tile<M, QT, 3>(a, qx, dx, sx, r0, n0, n1); break;
+      default: gguf_tile<M, QT, 4>(a, qx, dx, sx, r0, n0, n1); break;
+    }
+  }
+}
+
+// The workspace's pieces for m rows of k (gguf_workspace_bytes).
+struct GgufActs {
+  int8_t* qx;
+  float *dx, *sx;
+  explicit GgufActs(const GgufArgs& a)
+      : qx(static_cast<int8_t*>(a.workspace)),
+        dx(reinterpret_cast<float*>(qx + a.m * a.k)),  // m * k is a multiple of 32: aligned
+        sx(dx + a.m * (a.k / kGgufBlock)) {}
+};
+
+// Rows [r0, r1) of x quantized into the workspace.
+inline void gguf_quantize_range(const GgufArgs& a, int64_t r0, int64_t r1) {
+  const GgufActs w(a);
+  const int64_t k = a.k, nb = k / kGgufBlock;
+  for (int64_t r = r0; r < r1; ++r) {
+    if (a.x_type == 0)
+      gguf_quantize_row(static_cast<const float*>(a.x) + r * a.x_stride, k, w.qx + r * k, w.dx + r * nb, w.sx + r * nb);
+    else
+      gguf_quantize_row(static_cast<const bf16*>(a.x) + r * a.x_stride, k, w.qx + r * k, w.dx + r * nb, w.sx + r * nb);
+  }
+}
+
+template <class M>
+void gguf_quantize_rows_kernel(const GgufArgs& a) {
+  gguf_quantize_range(a, 0, a.m);
+}
+
+// Output rows [n0, n1) of every activation row, from the quantized workspace.
+template <class M>
+void gguf_gemv_rows_kernel(const GgufArgs& a, int64_t n0, int64_t n1) {
+  const GgufActs w(a);
+  switch (a.qtype) {
+    case kGgufQ4_0: gguf_rows<M, kGgufQ4_0>(a, w.qx, w.dx, w.sx, n0, n1); break;
+    case kGgufQ4_1: gguf_rows<M, kGgufQ4_1>(a, w.qx, w.dx, w.sx, n0, n1); break;
+    default: gguf_rows<M, kGgufQ8_0>(a, w.qx, w.dx, w.sx, n0, n1); break;
+  }
+}
+
+template <class M>
+void gguf_linear_kernel(const GgufArgs& a) {
+  parallel_for(a.m, 4, [&](int64_t r0, int64_t r1) { gguf_quantize_range(a, r0, r1); });
+  const int64_t chunks = (a.n + kGgufRowGrain - 1) / kGgufRowGrain;
+  parallel_for_guided(chunks, 1, [&](int64_t c0, int64_t c1) {
+    gguf_gemv_rows_kernel<M>(a, c0 * kGgufRowGrain, c1 * kGgufRowGrain < a.n ? c1 * kGgufRowGrain : a.n);
+  });
+}
+
+// Plain C++ micro-kernel (the generic variant's; any ISA).
+struct GgufScalarMicro {
+  static constexpr bool kFourRows = false;  // (see GgufVnniMicro::dot4)
+  template <int R, int QT>
+  static void dot(const uint8_t* w, int64_t nb, const int8_t* qx, int64_t k, const float* dx, const float* sx,
+                  float* out) {
+    constexpr int64_t bb = gguf_block_bytes(QT);
+    float acc[R] = {};
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* blk = w + b * bb;
+      const float dw = gguf_half(blk);
+      const float mw = QT == kGgufQ4_1 ? gguf_half(blk + 2) : QT == kGgufQ4_0 ? -8.0f * dw : 0.0f;
+      int32_t q[kGgufBlock];
+      if (QT == kGgufQ8_0) {
+        for (int i = 0; i < kGgufBlock; ++i) q[i] = static_cast<int8_t>(blk[2 + i]);
+      } else {
+        const uint8_t* qs = blk + (QT == kGgufQ4_1 ? 4 : 2);
+        for (int i = 0; i < 16; ++i) q[i] = qs[i] & 0x0F, q[i + 16] = qs[i] >> 4;
+      }
+      for (int r = 0; r < R; ++r) {
+        const int8_t* xr = qx + r * k + b * kGgufBlock;
+        int32_t isum = 0;
+        for (int i = 0; i < kGgufBlock; ++i) isum += q[i] * xr[i];
+        acc[r] += dw * dx[r * nb + b] * static_cast<float>(isum);
+        if (QT != kGgufQ8_0) acc[r] += mw * sx[r * nb + b];
+      }
+    }
+    for (int r = 0; r < R; ++r) out[r] = acc[r];
+  }
+};
+
+}  // namespace
+}  // namespace anycore
+
+// A variant's GgufKernels over its micro-kernel M.
+#define ANYCORE_GGUF_KERNELS(M)                                                                     \
+  ::anycore::GgufKernels{&::anycore::gguf_linear_kernel<M>, &::anycore::gguf_quantize_rows_kernel<M>, \
+                         &::anycore::gguf_gemv_rows_kernel<M>}

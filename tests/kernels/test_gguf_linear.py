@@ -1,0 +1,139 @@
+"""GGUF block linear (Q4_0, Q4_1, Q8_0 weights, int8 activations per 32-block): every
+implementation on this host against the reference.
+
+The integer block sums are exact in every implementation; what may differ is the fp32 order of
+the sum over blocks. So one block (K = 32) must agree to a few fp32 ulps, and longer rows to
+fp32 rounding of the sum of the blocks' magnitudes. Shapes: output rows not a multiple of any
+SIMD width or work chunk, K a multiple of 32 but not of 256, 1..7 activation rows (decode
+batches, one partial 4-row tile) up to INT8_MAX_ROWS; more rows (prefill) run the dequantized
+weight through F.linear. Tests marked ``arm64`` use tiny shapes:
+the emulated Arm64 lane runs them for generic and dotprod.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from anycore.kernels import gguf as G
+
+OP = "gguf_linear"
+FORMATS = sorted(G.FORMATS)
+
+
+def random_blocks(n: int, k: int, qtype: int) -> torch.Tensor:
+    """Random GGUF rows: any nibbles/int8 values, realistic fp16 scales (and Q4_1 minimums)."""
+    bb, nb = G.block_bytes(qtype), k // G.BLOCK
+    raw = torch.randint(0, 256, (n, nb, bb), dtype=torch.uint8)
+    d = (torch.rand(n, nb) * 0.02 + 1e-4).half()
+    raw[..., 0:2] = d.view(torch.uint8).reshape(n, nb, 2)
+    if qtype == G.Q4_1:
+        raw[..., 2:4] = (torch.randn(n, nb) * 0.05).half().view(torch.uint8).reshape(n, nb, 2)
+    return raw.reshape(n, nb * bb)
+
+
+def magnitude(x: torch.Tensor, qweight: torch.Tensor, qtype: int) -> torch.Tensor:
+    """Per output, the sum over blocks of |block term|: what the fp32 rounding scales with."""
+    qx, dx, sx = G.quantize_activations(x.float())
+    q, dw, mw = G.decode_blocks(qweight, qtype)
+    isum = torch.einsum("mbk,nbk->mnb", qx.double(), q.double())
+    return ((isum * dw.double()[None] * dx.double()[:, None]).abs() + (sx.double()[:, None] * mw.double()[None]).abs()).sum(-1)
+
+
+def check(kernel, m: int, n: int, k: int, qtype: int, dtype: torch.dtype, bias: bool) -> None:
+    w = random_blocks(n, k, qtype)
+    x = (torch.randn(m, k) * 2).to(dtype)
+    b = torch.randn(n).to(dtype) if bias else None
+    out = kernel(x, w, qtype, b)
+    ref = G.gguf_linear_reference(x, w, qtype, b)
+    assert out.shape == (m, n) and out.dtype == dtype
+    exact = G.gguf_linear_reference(x.double(), w, qtype, None if b is None else b.double())
+    bound = magnitude(x, w, qtype) + (b.double().abs() if b is not None else 0)
+    if dtype == torch.float32:
+        err = (out.double() - exact).abs()
+        assert (err <= 4 * 2.0**-23 * (bound + 1e-30) * max(1, k // G.BLOCK)).all(), float((err / bound).max())
+    else:  # the fp32 result rounded to bf16: within one bf16 rounding of the reference's
+        torch.testing.assert_close(out.float(), ref.float(), rtol=2**-7, atol=2**-7 * float(bound.max()) * 1e-3)
+
+
+@pytest.mark.arm64
+@pytest.mark.parametrize("qtype", FORMATS, ids=[G.FORMATS[t][0] for t in FORMATS])
+@pytest.mark.parametrize("m, n, k", [(1, 1, 32), (2, 5, 64), (3, 17, 96)])
+def test_tiny(kernel, qtype, m, n, k):
+    check(kernel, m, n, k, qtype, torch.float32, bias=True)
+
+
+@pytest.mark.parametrize("qtype", FORMATS, ids=[G.FORMATS[t][0] for t in FORMATS])
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 6, 7])
+@pytest.mark.parametrize("n, k", [(1, 32), (19, 320), (100, 576)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_matches_reference(kernel, qtype, m, n, k, dtype):
+    check(kernel, m, n, k, qtype, dtype, bias=m % 2 == 1)
+
+
+@pytest.mark.parametrize("qtype", FORMATS, ids=[G.FORMATS[t][0] for t in FORMATS])
+def test_int8_rows_up_to_the_limit(kernel, qtype):
+    """Four 4-row tiles; a long row (48 blocks); output rows over many chunks."""
+    check(kernel, G.INT8_MAX_ROWS, 131, 1536, qtype, torch.float32, bias=True)
+
+
+@pytest.mark.parametrize("qtype", FORMATS, ids=[G.FORMATS[t][0] for t in FORMATS])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_prefill_rows_run_the_dequantized_weight(kernel, qtype, dtype):
+    """More than INT8_MAX_ROWS rows: F.linear on the blocks dequantized to x's dtype."""
+    w = random_blocks(37, 320, qtype)
+    x = torch.randn(G.INT8_MAX_ROWS + 1, 320).to(dtype)
+    b = torch.randn(37).to(dtype)
+    expected = torch.nn.functional.linear(x, G.dequantize(w, qtype, dtype), b)
+    torch.testing.assert_close(kernel(x, w, qtype, b), expected)
+    torch.testing.assert_close(G.gguf_linear_reference(x, w, qtype, b), expected)
+
+
+@pytest.mark.parametrize("qtype", FORMATS, ids=[G.FORMATS[t][0] for t in FORMATS])
+def test_leading_dims_and_empty_rows(kernel, qtype):
+    w = random_blocks(9, 64, qtype)
+    x = torch.randn(2, 3, 64)
+    torch.testing.assert_close(kernel(x, w, qtype), G.gguf_linear_reference(x, w, qtype))
+    assert kernel(torch.randn(0, 64), w, qtype).shape == (0, 9)
+
+
+def test_one_block_is_exact_per_block_scale():
+    """K = 32: y = dw * dx * isum + mw * sx, with isum the exact integer dot product."""
+    w = random_blocks(7, 32, G.Q4_1)
+    x = torch.randn(3, 32)
+    qx, dx, sx = G.quantize_activations(x)
+    q, dw, mw = G.decode_blocks(w, G.Q4_1)
+    isum = (qx.long()[:, None, 0, :] * q.long()[None, :, 0, :]).sum(-1)
+    expected = isum.double() * dw[None, :, 0].double() * dx[:, None, 0].double() + sx[:, None, 0].double() * mw[None, :, 0].double()
+    torch.testing.assert_close(G.gguf_linear_reference(x.double(), w, G.Q4_1), expected)
+
+
+def test_activation_quantization_is_within_half_a_step():
+    x = torch.randn(5, 96) * 3
+    x[0, :32] = 0  # an all-zero block quantizes to zeros
+    qx, dx, sx = G.quantize_activations(x)
+    back = qx.float() * dx[..., None]
+    assert ((back - x.reshape(5, 3, 32)).abs() <= dx[..., None] / 2 + 1e-7).all()
+    assert qx[0, 0].eq(0).all() and sx[0, 0] == 0
+    torch.testing.assert_close(sx, dx * qx.float().sum(-1))
+
+
+@pytest.mark.parametrize("qtype", FORMATS, ids=[G.FORMATS[t][0] for t in FORMATS])
+def test_dequantize_matches_the_gguf_package(qtype):
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    w = random_blocks(6, 96, qtype)
+    expected = dequantize(w.numpy(), GGMLQuantizationType(qtype))
+    np.testing.assert_array_equal(G.dequantize(w, qtype).numpy(), expected.astype(np.float32))
+
+
+def test_bad_arguments_are_errors():
+    w = random_blocks(4, 64, G.Q4_0)
+    with pytest.raises(ValueError, match="unsupported GGUF block type"):
+        G.in_features(w, 12)
+    with pytest.raises(ValueError, match="uint8"):
+        G.in_features(w[:, :-1], G.Q4_0)
+    with pytest.raises(ValueError, match="features"):
+        G.gguf_linear_reference(torch.randn(1, 32), w, G.Q4_0)
