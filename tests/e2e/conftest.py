@@ -134,7 +134,9 @@ def client(server: Server):
     return openai.OpenAI(base_url=f"{server.url}/v1", api_key=API_KEY, max_retries=0, timeout=300)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def aclient(server: Server):
+    """A new async client per test: each test runs its own event loop (asyncio.run), and a
+    pooled connection from an earlier test's closed loop cannot be reused."""
     openai = pytest.importorskip("openai")
     return openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key=API_KEY, max_retries=0, timeout=300)
