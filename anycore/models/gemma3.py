@@ -47,6 +47,7 @@ from anycore.layers.forward_batch import ForwardBatch
 from anycore.layers.linear import Linear, LinearMethod
 from anycore.layers.norm import RMSNorm
 from anycore.layers.rotary import RotaryTable
+from anycore.models.llama import MLP
 from anycore.models.registry import register
 from anycore.models.weight_loading import load_weights
 
@@ -89,23 +90,12 @@ class Gemma3Attention(nn.Module):
         return self.o_proj(self.attn(q, k, v, batch))
 
 
-class Gemma3MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig, ops: KernelOps, linear: MakeLinear) -> None:
-        super().__init__()
-        self.gate_up_proj = linear(cfg.hidden_size, [cfg.intermediate_size] * 2, False)
-        self.down_proj = linear(cfg.intermediate_size, cfg.hidden_size, False)
-        self.ops = ops
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.ops.gelu_tanh_and_mul(self.gate_up_proj(x)))
-
-
 class Gemma3DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_idx: int, ops: KernelOps, dtype: torch.dtype, linear: MakeLinear) -> None:
         super().__init__()
         h, eps = cfg.hidden_size, cfg.rms_norm_eps
         self.self_attn = Gemma3Attention(cfg, layer_idx, ops, dtype, linear)
-        self.mlp = Gemma3MLP(cfg, ops, linear)
+        self.mlp = MLP(cfg, ops, linear, activation="gelu_tanh_and_mul")
         self.input_layernorm = GemmaRMSNorm(h, eps, ops, dtype)
         self.post_attention_layernorm = GemmaRMSNorm(h, eps, ops, dtype)
         self.pre_feedforward_layernorm = GemmaRMSNorm(h, eps, ops, dtype)

@@ -64,14 +64,21 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig, ops: KernelOps, linear: MakeLinear) -> None:
+    """Gated MLP: down(act(gate) * up), ``activation`` the kernel op that fuses act-and-mul
+    (SwiGLU's silu_and_mul; Gemma's GeGLU is gelu_tanh_and_mul), ``width`` the intermediate
+    size (default the config's; Qwen2-MoE's shared expert has its own)."""
+
+    def __init__(self, cfg: ModelConfig, ops: KernelOps, linear: MakeLinear, activation: str = "silu_and_mul",
+                 width: int | None = None) -> None:
         super().__init__()
-        self.gate_up_proj = linear(cfg.hidden_size, [cfg.intermediate_size] * 2, False)
-        self.down_proj = linear(cfg.intermediate_size, cfg.hidden_size, False)
+        width = width or cfg.intermediate_size
+        self.gate_up_proj = linear(cfg.hidden_size, [width] * 2, False)
+        self.down_proj = linear(width, cfg.hidden_size, False)
         self.ops = ops
+        self.activation = activation
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.ops.silu_and_mul(self.gate_up_proj(x)))
+        return self.down_proj(getattr(self.ops, self.activation)(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):

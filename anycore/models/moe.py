@@ -25,16 +25,6 @@ from anycore.models.registry import register
 from anycore.models.weight_loading import load_weights
 
 
-class SharedExpertMLP(MLP):
-    """Qwen2-MoE's shared expert: the dense SwiGLU at its own width."""
-
-    def __init__(self, cfg: ModelConfig, width: int, ops: KernelOps, linear: MakeLinear) -> None:
-        nn.Module.__init__(self)
-        self.gate_up_proj = linear(cfg.hidden_size, [width] * 2, False)
-        self.down_proj = linear(width, cfg.hidden_size, False)
-        self.ops = ops
-
-
 @register("Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM", "MixtralForCausalLM", "OlmoeForCausalLM")
 class MoeForCausalLM(LlamaForCausalLM):
     def make_mlp(self, cfg: ModelConfig, layer_idx: int, ops: KernelOps, dtype: torch.dtype,
@@ -47,7 +37,7 @@ class MoeForCausalLM(LlamaForCausalLM):
                                  ops, dtype)
         shared = shared_gate = None
         if moe.shared_expert_intermediate_size:
-            shared = SharedExpertMLP(cfg, moe.shared_expert_intermediate_size, ops, linear)
+            shared = MLP(cfg, ops, linear, width=moe.shared_expert_intermediate_size)  # Qwen2-MoE's shared expert
             shared_gate = Router(h, 1, ops, dtype)
         return SparseMoeBlock(Router(h, moe.num_experts, ops, dtype), experts, shared, shared_gate)
 
