@@ -11,8 +11,10 @@ shortest queue when it is not). Both were run against this server on loopback:
   answers with its own list (model ``unknown``) unless a replica reports a ``model_path``, and
   with one it tries to fetch that model's tokenizer from the Hugging Face hub.
 - both probe ``/health`` for liveness, route ``/v1/chat/completions``, ``/v1/completions`` and
-  ``/generate`` and stream SSE through; vllm-router also calls the replicas' ``/tokenize``
-  (vLLM's schema, which this server already speaks) for its own bookkeeping.
+  ``/generate`` and stream SSE through. With the cache_aware policy vllm-router also asks every
+  replica for the request's token ids first (vLLM's ``/v1/{chat/}completions/render``, which
+  server/render_api.py implements; without it, a 404 and then ``/tokenize``): that call is most
+  of what the router adds to a request (scripts/bench_router.py measures it).
 
 The router adds fields of its own to forwarded bodies, each at its neutral value (e.g.
 ``no_stop_trim: false``); ``protocol.py`` accepts exactly those values (``ROUTER_NEUTRAL_FIELDS``).

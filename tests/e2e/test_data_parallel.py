@@ -113,6 +113,25 @@ def test_openai_and_native_requests_through_the_router_match_a_replica(dp: Launc
     assert gen["text"] == text and gen["meta_info"]["completion_tokens"] == 12
 
 
+def test_render_gives_the_engine_token_ids_and_the_router_finds_every_endpoint(dp: Launcher):
+    url = dp.replicas[0][1]
+    msgs = [{"role": "user", "content": "Hello there"}]
+    chat = httpx.post(f"{url}/v1/chat/completions/render", json={"model": MODEL, "messages": msgs}, timeout=30)
+    tok = httpx.post(f"{url}/tokenize", json={"model": MODEL, "messages": msgs}, timeout=30).json()["tokens"]
+    assert chat.status_code == 200 and chat.json()["token_ids"] == tok
+    rendered = httpx.post(f"{url}/v1/completions/render", json={"model": MODEL, "prompt": ["Hello there", "Bye"]},
+                          timeout=30).json()
+    toks = [httpx.post(f"{url}/tokenize", json={"model": MODEL, "prompt": p}, timeout=30).json()["tokens"]
+            for p in ("Hello there", "Bye")]
+    assert [r["token_ids"] for r in rendered] == toks, rendered
+    rendered = httpx.post(f"{url}/v1/completions/render", json={"model": MODEL, "prompt": [1, 2, 3]}, timeout=30)
+    assert rendered.json() == [{"token_ids": [1, 2, 3], "model": MODEL}]
+    # the earlier test's requests went through the router: nothing it asked a replica for was missing
+    for _, replica in dp.replicas.values():
+        metrics = httpx.get(f"{replica}/metrics", timeout=10).text
+        assert 'requests_rejected_total{status="404"}' not in metrics, metrics
+
+
 def test_shared_prefix_requests_stay_on_one_replica(dp: Launcher):
     """Cache-aware routing: every request of a group lands where its shared prefix is cached (a
     round-robin router would split each group across both replicas)."""
