@@ -26,7 +26,6 @@ import subprocess
 import sys
 import time
 import urllib.error
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -107,7 +106,7 @@ def _child_setup(cpus: list[int] | None) -> Callable[[], None]:
 
 def http_status(url: str, timeout: float = 2.0) -> int | None:
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
+        with router_proc.LOOPBACK_OPENER.open(url, timeout=timeout) as r:
             return r.status
     except urllib.error.HTTPError as e:
         return e.code
@@ -163,7 +162,8 @@ class ReplicaSet:
     def start_router(self, host: str, port: int, policy: str, timeout_s: float = 60.0) -> str:
         cmd = router_proc.router_argv(host, port, [c.url for c in self.replicas], policy, free_port())
         url = f"http://{LOOPBACK if host in ('0.0.0.0', '::', '') else host}:{port}"
-        self.router = Child("router", subprocess.Popen(cmd, preexec_fn=_child_setup(None)), url)
+        self.router = Child("router", subprocess.Popen(cmd, preexec_fn=_child_setup(None), env=router_proc.router_env()),
+                            url)
         deadline = time.monotonic() + timeout_s
         while http_status(f"{url}/health") != 200:
             if self.router.proc.poll() is not None:
@@ -225,7 +225,8 @@ def run_data_parallel(args: argparse.Namespace, argv: list[str]) -> int:
     if not router_proc.router_available():
         raise ValueError("--data-parallel-size needs the router: pip install vllm-router (or anycore[replicas])")
     if args.api_key is not None:
-        raise ValueError("--api-key with --data-parallel-size is not supported yet (the router does not check keys)")
+        raise ValueError("--api-key with --data-parallel-size is not supported yet: vllm-router passes the "
+                         "client's key on to a replica for inference requests but not for GET /v1/models")
     router_proc.router_argv(args.host, args.port, [], args.router_policy, 0)  # checks the policy up front
     rs = ReplicaSet()
     old = {s: signal.signal(s, _raise_stop) for s in (signal.SIGINT, signal.SIGTERM)}

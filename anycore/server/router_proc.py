@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import sys
 import urllib.error
 import urllib.parse
@@ -62,10 +63,22 @@ def router_argv(host: str, port: int, worker_urls: list[str], policy: str, metri
             "--log-level", log_level]
 
 
+# loopback traffic never goes through an HTTP(S)_PROXY from the environment
+LOOPBACK_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def router_env() -> dict[str, str]:
+    """The router's environment: its HTTP client honours *_PROXY too, so loopback is exempted."""
+    env = dict(os.environ)
+    for key in ("NO_PROXY", "no_proxy"):
+        env[key] = ",".join(filter(None, [env.get(key, ""), "127.0.0.1", "localhost"]))
+    return env
+
+
 def _call(url: str, method: str = "GET", timeout: float = 5.0) -> tuple[int, str]:
     req = urllib.request.Request(url, method=method)
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
+        with LOOPBACK_OPENER.open(req, timeout=timeout) as r:
             return r.status, r.read().decode(errors="replace")
     except urllib.error.HTTPError as e:
         return e.code, e.read().decode(errors="replace")
