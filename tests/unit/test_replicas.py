@@ -68,3 +68,25 @@ def test_router_fields_at_neutral_values_are_not_unknown_other_values_are(caplog
                           ).log_unknown_fields("/v1/completions")
     assert [r.getMessage() for r in caplog.records] == [
         "/v1/completions: request fields not known to this server, ignored: no_stop_trim"]
+
+
+def test_a_replica_that_cannot_start_stops_the_launcher_with_nothing_left(caplog):
+    """Replica command lines the replicas reject (argparse exits 2 at once): the launcher reports
+    it, stops the other replica and returns 1 before any router starts."""
+    import os
+
+    import psutil
+
+    from anycore.server.replicas import run_data_parallel
+
+    pytest.importorskip("vllm_router")
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("two replicas need two CPUs")
+    args = build_parser().parse_args(["serve", "--data-parallel-size", "2", "--replica-start-timeout", "120"])
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    with caplog.at_level(logging.INFO, logger="anycore.replicas"):
+        assert run_data_parallel(args, ["serve", "--no-such-flag"]) == 1
+    text = caplog.text
+    assert "started replica 0" in text and "started replica 1" in text
+    assert "exited with status 2 while loading" in text and "router" not in text
+    assert {p.pid for p in psutil.Process().children(recursive=True)} <= before
