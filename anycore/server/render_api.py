@@ -15,6 +15,7 @@ from typing import Any
 
 from fastapi import APIRouter
 
+from anycore.errors import InvalidRequest
 from anycore.server.openai_api import Ctx
 from anycore.server.protocol import ChatCompletionRequest, CompletionRequest
 from anycore.server.tool_calls import plan_tools
@@ -26,7 +27,12 @@ router = APIRouter()
 async def completions_render(body: CompletionRequest, ctx: Ctx) -> list[dict[str, Any]]:
     model = ctx.check_model(body.model)
     inputs = ctx.require_ready()
-    return [{"token_ids": inputs.encode_prompt(p), "model": model} for p in inputs.split_prompts(body.prompt)]
+    prompts = [inputs.encode_prompt(p) for p in inputs.split_prompts(body.prompt)]
+    if not prompts or not all(prompts):
+        raise InvalidRequest("the prompt is empty", param="prompt")
+    for ids in prompts:  # what /v1/completions would refuse is refused here too
+        inputs.check_token_ids(ids, param="prompt")
+    return [{"token_ids": ids, "model": model} for ids in prompts]
 
 
 @router.post("/v1/chat/completions/render")

@@ -126,6 +126,9 @@ def test_render_gives_the_engine_token_ids_and_the_router_finds_every_endpoint(d
     assert [r["token_ids"] for r in rendered] == toks, rendered
     rendered = httpx.post(f"{url}/v1/completions/render", json={"model": MODEL, "prompt": [1, 2, 3]}, timeout=30)
     assert rendered.json() == [{"token_ids": [1, 2, 3], "model": MODEL}]
+    for bad in ([], [10**9]):
+        r = httpx.post(f"{url}/v1/completions/render", json={"model": MODEL, "prompt": bad}, timeout=30)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "prompt", r.text
     # the earlier test's requests went through the router: nothing it asked a replica for was missing
     for _, replica in dp.replicas.values():
         metrics = httpx.get(f"{replica}/metrics", timeout=10).text
