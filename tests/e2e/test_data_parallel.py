@@ -113,6 +113,25 @@ def test_openai_and_native_requests_through_the_router_match_a_replica(dp: Launc
     assert gen["text"] == text and gen["meta_info"]["completion_tokens"] == 12
 
 
+def test_the_router_streams_chunks_as_they_are_made(dp: Launcher):
+    """The first chunk reaches the client while the replica is still generating (a buffering
+    proxy would hold everything until the end)."""
+    stream = dp.client().completions.create(model=MODEL, prompt="Count to one hundred:", max_tokens=150,
+                                            temperature=0, stream=True, extra_body={"ignore_eos": True})
+    running = []
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].text and not running:
+            running = [_running(url) for _, url in dp.replicas.values()]
+    assert sum(running) == 1, running
+
+
+def _running(url: str) -> float:
+    for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
+        if line.startswith("anycore_num_requests_running"):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError("no anycore_num_requests_running")
+
+
 def test_render_gives_the_engine_token_ids_and_the_router_finds_every_endpoint(dp: Launcher):
     url = dp.replicas[0][1]
     msgs = [{"role": "user", "content": "Hello there"}]
