@@ -91,6 +91,10 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    if args.data_parallel_size > 1:  # replicas behind the router (server/replicas.py)
+        from anycore.server.replicas import run_data_parallel
+
+        return run_data_parallel(args, args.raw_argv)
     from anycore.server.app import run_server
     from anycore.server.args import server_config
 
@@ -210,6 +214,9 @@ def build_parser() -> argparse.ArgumentParser:
     from anycore.server.args import add_server_args
 
     add_server_args(serve)
+    from anycore.server.replicas import add_replica_args
+
+    add_replica_args(serve)
     serve.set_defaults(func=_serve)
 
     ev = sub.add_parser("eval", help="accuracy evaluations")
@@ -279,6 +286,7 @@ def check_paths(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.raw_argv = list(sys.argv[1:] if argv is None else argv)  # what a replica process is started with
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         check_paths(args)

@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 
 from anycore.config import EngineConfig, ServerConfig
 from anycore.errors import NotReady
-from anycore.server import native_api, openai_api, webui
+from anycore.server import native_api, openai_api, render_api, webui
 from anycore.server.async_engine import AsyncEngine
 from anycore.server.context import ServerContext
 from anycore.server.errors import install_error_handlers
@@ -61,6 +61,7 @@ def build_app(ctx: ServerContext, on_failed=None, url: str = "", max_body_bytes:
     install_error_handlers(app, on_error=ctx.engine.metrics.on_rejected)
     app.include_router(openai_api.router)
     app.include_router(native_api.router)
+    app.include_router(render_api.router)
     app.include_router(webui.router)
     install_limits(app, max_body_bytes, request_timeout_s)
 

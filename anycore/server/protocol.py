@@ -23,6 +23,17 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
 
+_ABSENT = object()
+# Fields the request router (server/router_proc.py) adds to every forwarded body, each at the
+# value that asks for exactly what this server does anyway (no reasoning parser: reasoning is
+# part of the content; stop strings trimmed; no hidden states; no continued final message). At
+# these values they are not "unknown" in the log; any other value still is.
+ROUTER_NEUTRAL_FIELDS: dict[str, object] = {
+    "no_stop_trim": False, "return_hidden_states": False, "continue_final_message": False,
+    "separate_reasoning": True, "stream_reasoning": True, "include_reasoning": True,
+}
+
+
 class _TopLevel:
     """Mixed into the endpoint bodies: fields this schema does not know are kept (pydantic's
     ``extra="allow"``) so they can be named in the log instead of vanishing without a trace, as
@@ -31,7 +42,8 @@ class _TopLevel:
     from BaseModel classes only)."""
 
     def log_unknown_fields(self, endpoint: str) -> None:
-        extra = sorted(getattr(self, "model_extra", None) or {})
+        extra = sorted(k for k, v in (getattr(self, "model_extra", None) or {}).items()
+                       if ROUTER_NEUTRAL_FIELDS.get(k, _ABSENT) != v)
         if extra:
             log.warning("%s: request fields not known to this server, ignored: %s", endpoint, ", ".join(extra))
 
