@@ -44,8 +44,9 @@ class Router(nn.Module):
 class StackedExperts(nn.Module):
     """Every expert's SwiGLU weights, stacked; ``forward(x, router_logits)`` is one fused call.
 
-    After ``quantize_w8a8`` the weights are int8 per output channel (``w13_scale [E, 2I]``,
-    ``w2_scale [E, H]``) and activations are quantized per token inside the op."""
+    After ``quantize_w8a8`` (or ``load_int8``) the weights are int8 per output channel
+    (``w13_scale [E, 2I]``, ``w2_scale [E, H]``), packed for the ``fused_moe_w8a8`` op, and
+    activations are quantized per token inside it."""
 
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, top_k: int, renormalize: bool,
                  ops: KernelOps, dtype: torch.dtype) -> None:
@@ -99,20 +100,40 @@ class StackedExperts(nn.Module):
 
     def quantize_w8a8(self) -> None:
         """Online W8A8: int8 weights per output channel of each expert, fp32 scales; the float
-        weights are dropped."""
+        weights are dropped and the int8 experts packed once for ``fused_moe_w8a8``."""
         q13, s13 = quantize_weight_per_channel(self.w13.data.reshape(-1, self.w13.shape[-1]))
         q2, s2 = quantize_weight_per_channel(self.w2.data.reshape(-1, self.w2.shape[-1]))
         e = self.num_experts
         del self.w13, self.w2
-        self.register_buffer("w13", q13.view(e, -1, q13.shape[-1]))
-        self.register_buffer("w2", q2.view(e, -1, q2.shape[-1]))
-        self.register_buffer("w13_scale", s13.view(e, -1))
-        self.register_buffer("w2_scale", s2.view(e, -1))
+        self.load_int8(q13.view(e, -1, q13.shape[-1]), s13.view(e, -1), q2.view(e, -1, q2.shape[-1]), s2.view(e, -1))
+
+    def load_int8(self, q13: torch.Tensor, s13: torch.Tensor, q2: torch.Tensor, s2: torch.Tensor) -> None:
+        """Int8 experts ``q13 [E, 2I, H]``, ``q2 [E, H, I]`` with fp32 scales ``[E, 2I]``, ``[E, H]``,
+        packed in the layout of the kernel-table ``fused_moe_w8a8`` that will run them
+        (``self.int8_kernel``; ``int8_experts()`` gives them back unpacked)."""
+        self.int8_kernel = self.ops.fused_moe_w8a8
+        for name in ("w13", "w2"):
+            if name in self._parameters:
+                del self._parameters[name]
+        self.register_buffer("w13", self.int8_kernel.pack(q13.contiguous()))
+        self.register_buffer("w2", self.int8_kernel.pack(q2.contiguous()))
+        self.register_buffer("w13_scale", s13.float().contiguous())
+        self.register_buffer("w2_scale", s2.float().contiguous())
         storage_replaced()
 
+    def int8_experts(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(``q13 [E, 2I, H]``, ``w13_scale``, ``q2 [E, H, I]``, ``w2_scale``) of int8 experts."""
+        if self.w13_scale is None:
+            raise ValueError("the experts are not int8")
+        i, h = self.intermediate_size, self.w2_scale.shape[1]
+        return (self.int8_kernel.unpack(self.w13, 2 * i, h), self.w13_scale,
+                self.int8_kernel.unpack(self.w2, h, i), self.w2_scale)
+
     def forward(self, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
-        return self.ops.fused_moe(x, router_logits, self.w13, self.w2, self.top_k, self.renormalize,
-                                  self.w13_scale, self.w2_scale)
+        if self.w13_scale is not None:
+            return self.int8_kernel(x, router_logits, self.w13, self.w2, self.top_k, self.renormalize,
+                                    self.w13_scale, self.w2_scale)
+        return self.ops.fused_moe(x, router_logits, self.w13, self.w2, self.top_k, self.renormalize)
 
 
 class SparseMoeBlock(nn.Module):
