@@ -1,5 +1,6 @@
 """`anycore bench moe`: a random-weight Mixture-of-Experts model of a realistic shape, batch-1
-decode and prefill, anycore vs transformers on the same HF folder.
+decode and prefill, anycore vs transformers on the same HF folder and vs llama.cpp on the same
+weights as a GGUF at the same precision (bf16 vs F16, W8A8 vs Q8_0; anycore.bench.moe_gguf).
 
 The model is a Qwen3-MoE (default: hidden 1024, 12 layers, 64 experts of width 384, top-8,
 the default model's 49152-token vocabulary, tied embeddings: ~1.0B parameters, ~0.19B active
@@ -56,7 +57,9 @@ def add_moe_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--decode-tokens", type=int, default=32, help="batch-1 decode tokens per run (default 32)")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--quantization", default=None, choices=["w8a8_int8"], help="anycore only (default bf16)")
-    p.add_argument("--no-transformers", action="store_true", help="measure anycore only")
+    p.add_argument("--no-transformers", action="store_true", help="leave transformers out")
+    p.add_argument("--no-llama-cpp", action="store_true",
+                   help="leave llama.cpp out (else: the checkpoint as an F16 GGUF, Q8_0 for --quantization w8a8_int8)")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--cache-dir", default=str(Path.home() / ".cache/anycore/bench-moe"),
                    help="where the random checkpoint is written once (a folder per shape)")
@@ -133,6 +136,32 @@ def _transformers(folder: Path, args: argparse.Namespace, threads: int) -> dict[
             "decode_tok_s": statistics.median(decode), "decode_runs": decode}
 
 
+def _llama_cpp(folder: Path, args: argparse.Namespace, threads: int, ours: dict[str, Any], limit: float,
+               label: str) -> dict[str, Any] | None:
+    """llama.cpp at anycore's precision, and the ratios; None (said why) when unavailable."""
+    from anycore.bench.moe_gguf import run_llama_cpp, write_moe_gguf
+    from anycore.bench.peers.base import PeerUnavailable
+    from anycore.bench.peers.gguf_files import gguf_variant
+
+    qtype = "Q8_0" if args.quantization == "w8a8_int8" else "F16"
+    try:
+        t0 = time.perf_counter()
+        path = gguf_variant(write_moe_gguf(folder, folder / "model.F16.gguf"), qtype, folder)
+        print(f"gguf {path} ({time.perf_counter() - t0:.0f}s)")
+        lc = run_llama_cpp(path, threads, args.prompt_len, args.decode_tokens, args.repeats)
+    except PeerUnavailable as e:
+        print(f"llama.cpp unavailable: {e}")
+        return None
+    lc_limit = limit * ours["weight_bytes"] / lc["active_bytes"]
+    print(f"{'llama.cpp ' + qtype:<18} decode {lc['decode_tok_s']:6.2f} tok/s ({lc['decode_tok_s'] / lc_limit:.0%} of "
+          f"its {lc_limit:.1f} tok/s limit: {lc['active_bytes'] / 1e6:.0f} MB active)   prefill({args.prompt_len}) "
+          f"{lc['prefill_tok_s']:7.1f} tok/s")
+    lc["decode_ratio"] = ours["decode_tok_s"] / lc["decode_tok_s"]
+    lc["prefill_ratio"] = ours["prefill_tok_s"] / lc["prefill_tok_s"]
+    print(f"{label} / llama.cpp {qtype}: decode {lc['decode_ratio']:.2f}x, prefill {lc['prefill_ratio']:.2f}x")
+    return lc
+
+
 def run_moe_bench(args: argparse.Namespace) -> int:
     import os
 
@@ -176,6 +205,8 @@ def run_moe_bench(args: argparse.Namespace) -> int:
         print(f"{'transformers bf16':<18} decode {hf['decode_tok_s']:6.2f} tok/s   prefill({args.prompt_len}) "
               f"{hf['prefill_tok_s']:7.1f} tok/s")
         result["transformers"] = hf
+    if not args.no_llama_cpp:
+        result["llama_cpp"] = _llama_cpp(folder, args, threads, ours, limit, label)
     if json_path is not None:
         write_json_atomic(result, json_path)
     return 0
