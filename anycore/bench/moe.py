@@ -1,5 +1,6 @@
 """`anycore bench moe`: a random-weight Mixture-of-Experts model of a realistic shape, batch-1
-decode and prefill, anycore vs transformers on the same HF folder.
+decode and prefill, anycore vs transformers on the same HF folder and vs llama.cpp on the same
+weights as a GGUF at the same precision (bf16 vs F16, W8A8 vs Q8_0; anycore.bench.moe_gguf).
 
 The model is a Qwen3-MoE (default: hidden 1024, 12 layers, 64 experts of width 384, top-8,
 the default model's 49152-token vocabulary, tied embeddings: ~1.0B parameters, ~0.19B active
@@ -56,7 +57,9 @@ def add_moe_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--decode-tokens", type=int, default=32, help="batch-1 decode tokens per run (default 32)")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--quantization", default=None, choices=["w8a8_int8"], help="anycore only (default bf16)")
-    p.add_argument("--no-transformers", action="store_true", help="measure anycore only")
+    p.add_argument("--no-transformers", action="store_true", help="leave transformers out")
+    p.add_argument("--no-llama-cpp", action="store_true",
+                   help="leave llama.cpp out (else: the checkpoint as an F16 GGUF, Q8_0 for --quantization w8a8_int8)")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--cache-dir", default=str(Path.home() / ".cache/anycore/bench-moe"),
                    help="where the random checkpoint is written once (a folder per shape)")
@@ -114,12 +117,45 @@ def write_random_moe(folder: Path, shape: MoeShape, seed: int = 0) -> Path:
     return folder
 
 
+def _anycore_config(folder: Path, args: argparse.Namespace) -> EngineConfig:
+    # W8A8: the logits head int8 too (quantize_lm_head), as llama.cpp's Q8_0 file has it
+    return EngineConfig(model=str(folder), dtype="bfloat16", kv_cache_gb=0.25, threads=args.threads,
+                        quantization=args.quantization, quantize_lm_head=args.quantization == "w8a8_int8")
+
+
 def _anycore(folder: Path, args: argparse.Namespace) -> dict[str, Any]:
     from anycore.bench.offline import run_latency
 
-    config = EngineConfig(model=str(folder), dtype="bfloat16", kv_cache_gb=0.25, threads=args.threads,
-                          quantization=args.quantization)
-    return run_latency(config, args.prompt_len, args.decode_tokens, args.repeats)
+    return run_latency(_anycore_config(folder, args), args.prompt_len, args.decode_tokens, args.repeats)
+
+
+def _interleaved(folder: Path, gguf: Path, args: argparse.Namespace, threads: int) -> tuple[dict, dict]:
+    """anycore and llama.cpp both loaded, measured in turns (prefill, decode; repeat by repeat,
+    the same prompts): on a shared machine each ratio then compares runs under the same load."""
+    from anycore.bench.moe_gguf import active_bytes
+    from anycore.bench.peers.anycore_runner import AnycoreRunner
+    from anycore.bench.peers.llama_cpp import LlamaCppRunner
+
+    ours = AnycoreRunner("anycore", _anycore_config(folder, args))
+    theirs = LlamaCppRunner(f"llama.cpp {gguf.stem}", gguf, threads)
+    runs: dict[str, dict[str, list[float]]] = {"ours": {"prefill": [], "decode": []},
+                                               "theirs": {"prefill": [], "decode": []}}
+    try:
+        for r in range(args.repeats):
+            for key, runner in (("ours", ours), ("theirs", theirs)):
+                runs[key]["prefill"].append(runner.prefill(args.prompt_len, random.Random(r)))
+                runs[key]["decode"].append(runner.decode(args.decode_tokens, random.Random(1000 + r)))
+    finally:
+        theirs.close()
+    out = {}
+    for key in runs:
+        p, d = runs[key]["prefill"], runs[key]["decode"]
+        out[key] = {"prefill_tok_s": statistics.median(p), "prefill_runs": p, "decode_tok_s": statistics.median(d),
+                    "decode_runs": d, "decode_ratio_runs": [a / b for a, b in zip(runs["ours"]["decode"], d)]}
+    out["ours"] |= {"weight_bytes": ours.engine.weight_bytes, "kernels": dict(ours.engine.ops.choices),
+                    "prompt_len": args.prompt_len, "decode_tokens": args.decode_tokens}
+    out["theirs"] |= {"file": str(gguf), "active_bytes": active_bytes(gguf)}
+    return out["ours"], out["theirs"]
 
 
 def _transformers(folder: Path, args: argparse.Namespace, threads: int) -> dict[str, Any]:
@@ -131,6 +167,36 @@ def _transformers(folder: Path, args: argparse.Namespace, threads: int) -> dict[
     decode = [runner.decode(args.decode_tokens, rng) for _ in range(args.repeats)]
     return {"prefill_tok_s": statistics.median(prefill), "prefill_runs": prefill,
             "decode_tok_s": statistics.median(decode), "decode_runs": decode}
+
+
+def _gguf(folder: Path, args: argparse.Namespace) -> Path | None:
+    """The checkpoint as llama.cpp's file at anycore's precision (None, said why, if unavailable)."""
+    from anycore.bench.moe_gguf import write_moe_gguf
+    from anycore.bench.peers.base import PeerUnavailable, require
+    from anycore.bench.peers.gguf_files import gguf_variant
+
+    qtype = "Q8_0" if args.quantization == "w8a8_int8" else "F16"
+    try:
+        require("llama_cpp", "pip install -e .[bench]")
+        t0 = time.perf_counter()
+        path = gguf_variant(write_moe_gguf(folder, folder / "model.F16.gguf"), qtype, folder)
+    except PeerUnavailable as e:
+        print(f"llama.cpp unavailable: {e}")
+        return None
+    print(f"gguf {path} ({time.perf_counter() - t0:.0f}s)")
+    return path
+
+
+def _report_llama_cpp(lc: dict[str, Any], ours: dict[str, Any], limit: float, label: str, qtype: str,
+                      prompt_len: int) -> None:
+    lc_limit = limit * ours["weight_bytes"] / lc["active_bytes"]
+    print(f"{'llama.cpp ' + qtype:<18} decode {lc['decode_tok_s']:6.2f} tok/s ({lc['decode_tok_s'] / lc_limit:.0%} of "
+          f"its {lc_limit:.1f} tok/s limit: {lc['active_bytes'] / 1e6:.0f} MB active)   prefill({prompt_len}) "
+          f"{lc['prefill_tok_s']:7.1f} tok/s")
+    lc["decode_ratio"] = ours["decode_tok_s"] / lc["decode_tok_s"]
+    lc["prefill_ratio"] = ours["prefill_tok_s"] / lc["prefill_tok_s"]
+    print(f"{label} / llama.cpp {qtype}: decode {lc['decode_ratio']:.2f}x (per turn: "
+          f"{', '.join(f'{r:.2f}' for r in lc['decode_ratio_runs'])}), prefill {lc['prefill_ratio']:.2f}x")
 
 
 def run_moe_bench(args: argparse.Namespace) -> int:
@@ -162,7 +228,12 @@ def run_moe_bench(args: argparse.Namespace) -> int:
     threads = args.threads or torch.get_num_threads()
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     bw = memory_bandwidth(threads, cache)
-    ours = _anycore(folder, args)
+    gguf = None if args.no_llama_cpp else _gguf(folder, args)
+    lc = None
+    if gguf is None:
+        ours = _anycore(folder, args)
+    else:
+        ours, lc = _interleaved(folder, gguf, args, threads)
     limit = bw["gb_s"] * 1e9 / ours["weight_bytes"]
     label = f"anycore {args.quantization or 'bf16'}"
     print(f"load average {load:.1f} on {os.cpu_count()} CPUs; read bandwidth {bw['gb_s']:.1f} GB/s ({threads} threads)")
@@ -171,11 +242,15 @@ def run_moe_bench(args: argparse.Namespace) -> int:
           f"prefill({args.prompt_len}) {ours['prefill_tok_s']:7.1f} tok/s")
     result: dict[str, Any] = {"shape": asdict(shape), "params": total, "active_params": active, "load_average": load,
                               "bandwidth": bw, "decode_limit_tok_s": limit, "anycore": ours}
+    if lc is not None:
+        _report_llama_cpp(lc, ours, limit, label, "Q8_0" if args.quantization else "F16", args.prompt_len)
+        result["llama_cpp"] = lc
     if not args.no_transformers:
         hf = _transformers(folder, args, threads)
         print(f"{'transformers bf16':<18} decode {hf['decode_tok_s']:6.2f} tok/s   prefill({args.prompt_len}) "
               f"{hf['prefill_tok_s']:7.1f} tok/s")
         result["transformers"] = hf
+    result["load_average_end"] = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     if json_path is not None:
         write_json_atomic(result, json_path)
     return 0

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from anycore.kernels import gguf, int8, moe, reference, torch_native
+from anycore.kernels import gguf, int8, moe, moe_int8, reference, torch_native
 
 # C++ kernel families (csrc/common/kernel_table.h ANYCORE_<FAMILY>_KERNELS, int8_impl.h, gguf_impl.h):
 # a native variant declares ops by family in anycore/platform/selection.py
@@ -108,6 +108,11 @@ OP_SPECS: tuple[OpSpec, ...] = (
            doc="fused_moe(x [T, H], router_logits [T, E], w13 [E, 2I, H], w2 [E, H, I], top_k, renormalize, "
                "w13_scale=None, w2_scale=None): one MoE layer's routed experts, combined (anycore.kernels.moe); "
                "int8 weights when the scales are given"),
+    OpSpec("fused_moe_w8a8", moe_int8.REFERENCE_MOE_W8A8, moe_int8.TORCH_NATIVE_MOE_W8A8, "int8",
+           bind=moe_int8.native_int8_moe,
+           doc="fused_moe_w8a8(x, router_logits, w13, w2, top_k, renormalize, w13_scale, w2_scale), an Int8Moe: "
+               "its pack(qweight int8 [E, N, K]) makes the packed experts once at load in the implementation's "
+               "own layout, run on its int8 kernels (anycore.kernels.moe_int8)"),
     # Gemma 3's ops: torch-native only (no C++ kernels yet; the native decoder stack cannot
     # express Gemma's layers, so those models run op by op)
     OpSpec("gemma_rms_norm", reference.gemma_rms_norm, reference.gemma_rms_norm,

@@ -32,13 +32,13 @@ _ARCHS = {
     "qwen3": ("Qwen3ForCausalLM", False),
     "qwen2moe": ("Qwen2MoeForCausalLM", False),
     "qwen3moe": ("Qwen3MoeForCausalLM", False),
-    # (no olmoe: the vocabulary is converted by transformers' GGUF reader, which lacks it)
+    "olmoe": ("OlmoeForCausalLM", False),  # (NeoX rotary in llama.cpp: rows not permuted)
     # Mixtral is written as "llama" with experts (see gguf_hf_config)
     "gemma3": ("Gemma3ForCausalLM", False),
 }
 # whether llama.cpp renormalises the top-k routing weights, when the file has no
 # {arch}.expert_weights_norm: what its graph for each architecture does
-_NORM_TOPK = {"llama": True, "qwen3moe": True, "qwen2moe": False}
+_NORM_TOPK = {"llama": True, "qwen3moe": True, "qwen2moe": False, "olmoe": False}
 # GGUF architectures that store Gemma's zero-centred norm weights with 1 added
 _NORMS_PLUS_ONE = {"gemma3"}
 
@@ -145,6 +145,8 @@ def gguf_hf_config(reader: Any) -> dict[str, Any]:
             "shared_expert_intermediate_size": int(g("expert_shared_feed_forward_length", 0) or 0),
             "norm_topk_prob": bool(g("expert_weights_norm", _NORM_TOPK.get(arch, False))),
         }
+    if g("attention.clamp_kqv") is not None:  # OLMoE's clip_qkv
+        cfg["clip_qkv"] = float(g("attention.clamp_kqv"))
     scaling_type = g("rope.scaling.type")
     if scaling_type and scaling_type != "none":
         cfg["rope_scaling"] = {

@@ -38,9 +38,16 @@ def load_gguf_tokenizer(path: Path) -> Any:
             return TextTokenizer(cached)
         except Exception:  # a stale or partial cache entry: rebuild it below
             pass
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-    tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)
+    try:
+        tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)
+    except ValueError as e:
+        if "not supported" not in str(e):
+            raise
+        # an architecture transformers' GGUF model reader lacks (olmoe): AutoTokenizer resolves
+        # the tokenizer class through it, the fast tokenizer reads the vocabulary directly
+        tok = PreTrainedTokenizerFast.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)
     try:
         tmp = cached.with_name(cached.name + f".tmp{os.getpid()}")
         tok.save_pretrained(str(tmp))

@@ -12,14 +12,16 @@ models run op by op (each MoE layer's experts still one fused call); `anycore do
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 from torch import nn
 
 from anycore.config import ModelConfig
 from anycore.kernels.ops import KernelOps
+from anycore.layers.linear import LinearMethod
 from anycore.layers.moe import Router, SparseMoeBlock, StackedExperts
+from anycore.layers.quant.compressed_tensors import W8A8_INT8
 from anycore.models.llama import MLP, LlamaForCausalLM, MakeLinear
 from anycore.models.registry import register
 from anycore.models.weight_loading import load_weights
@@ -27,6 +29,14 @@ from anycore.models.weight_loading import load_weights
 
 @register("Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM", "MixtralForCausalLM", "OlmoeForCausalLM")
 class MoeForCausalLM(LlamaForCausalLM):
+    def __init__(self, cfg: ModelConfig, ops: KernelOps, dtype: torch.dtype, max_positions: int,
+                 linear_method: Callable[[], LinearMethod] | None = None) -> None:
+        # a pre-quantized W8A8 checkpoint (compressed-tensors) has int8 experts with their scales:
+        # allocated as such (before Module.__init__: make_mlp runs inside the base constructor)
+        method = linear_method() if linear_method is not None else None
+        self.prequantized_experts = getattr(method, "name", None) == W8A8_INT8 and getattr(method, "prequantized", False)
+        super().__init__(cfg, ops, dtype, max_positions, linear_method)
+
     def make_mlp(self, cfg: ModelConfig, layer_idx: int, ops: KernelOps, dtype: torch.dtype,
                  linear: MakeLinear) -> nn.Module:
         moe = cfg.moe
@@ -34,7 +44,7 @@ class MoeForCausalLM(LlamaForCausalLM):
             return super().make_mlp(cfg, layer_idx, ops, dtype, linear)
         h = cfg.hidden_size
         experts = StackedExperts(moe.num_experts, h, moe.expert_intermediate_size, moe.top_k, moe.norm_topk_prob,
-                                 ops, dtype)
+                                 ops, dtype, int8=self.prequantized_experts)
         shared = shared_gate = None
         if moe.shared_expert_intermediate_size:
             shared = MLP(cfg, ops, linear, width=moe.shared_expert_intermediate_size)  # Qwen2-MoE's shared expert
@@ -45,3 +55,6 @@ class MoeForCausalLM(LlamaForCausalLM):
         # Mixtral names its sparse MLP block_sparse_moe (experts w1/w3/w2: StackedExperts maps them)
         renamed = ((name.replace(".block_sparse_moe.", ".mlp."), t) for name, t in weights)
         load_weights(self, renamed, self.merged_shards, self.config.tie_word_embeddings)
+        for module in self.modules():
+            if isinstance(module, StackedExperts):
+                module.finish_loading()

@@ -51,7 +51,9 @@ ENV_OVERRIDE = "ANYCORE_KERNELS"
 # (op, arch) -> variants never picked automatically there (an override still can): measured
 # slower than torch-native. x86 generic int8 is baseline SSE2 C++ (no int8 dot product), some
 # 10-100x behind torch._int_mm's oneDNN kernels on the SmolLM2 shapes.
-AUTO_SKIP: Mapping[tuple[str, str], tuple[str, ...]] = {("w8a8_linear", "x86_64"): ("generic",)}
+# fused_moe_w8a8 runs on the same int8 kernels, so the same rule.
+AUTO_SKIP: Mapping[tuple[str, str], tuple[str, ...]] = {("w8a8_linear", "x86_64"): ("generic",),
+                                                        ("fused_moe_w8a8", "x86_64"): ("generic",)}
 
 
 @dataclass(frozen=True)

@@ -396,6 +396,8 @@ std::vector<std::string> variant_kernels(int64_t impl) {
   ANYCORE_VECTOR_KERNELS(ANYCORE_FILLED)
 #undef ANYCORE_FILLED
   if (t.int8.w8a8_linear) names.emplace_back("w8a8_linear");
+  // fused_moe_w8a8 (fused_moe_w8a8.cpp) runs on the variant's own int8 kernels
+  if (t.int8.w8a8_linear) names.emplace_back("fused_moe_w8a8");
   // fused_moe (fused_moe.cpp) is composed of these two: the variant's own when it has both
   if (t.linear[0] && t.linear[1] && t.silu_and_mul[0] && t.silu_and_mul[1]) names.emplace_back("fused_moe");
   if (t.gguf.gguf_linear) names.emplace_back("gguf_linear");
@@ -425,6 +427,8 @@ TORCH_LIBRARY(anycore, m) {
   m.def("w8a8_linear(Tensor x, Tensor packed, Tensor w_scale, Tensor? bias, int impl) -> Tensor", &w8a8_linear);
   m.def("fused_moe(Tensor x, Tensor router_logits, Tensor w13, Tensor w2, int top_k, bool renormalize, "
         "Tensor? w13_scale, Tensor? w2_scale, int impl) -> Tensor", &fused_moe);
+  m.def("fused_moe_w8a8(Tensor x, Tensor router_logits, Tensor w13, Tensor w2, int top_k, bool renormalize, "
+        "Tensor w13_scale, Tensor w2_scale, int impl) -> Tensor", &fused_moe_w8a8);
   m.def("gguf_linear(Tensor x, Tensor qweight, int qtype, Tensor? bias, int impl) -> Tensor", &gguf_linear);
   m.def("w8a8_int8_acc(Tensor xq, Tensor packed, int n, int impl) -> Tensor", &w8a8_int8_acc);
   m.class_<StackWeights>("StackWeights").def(torch::init<Weights, std::vector<int64_t>, std::vector<int64_t>>());

@@ -44,6 +44,11 @@ at::Tensor int8_unpack(const at::Tensor& packed, int64_t n, int64_t k, int64_t i
 at::Tensor fused_moe(const at::Tensor& x, const at::Tensor& router_logits, const at::Tensor& w13, const at::Tensor& w2,
                      int64_t top_k, bool renormalize, const std::optional<at::Tensor>& w13_scale,
                      const std::optional<at::Tensor>& w2_scale, int64_t impl);
+// fused_moe_w8a8.cpp: the same with int8 experts packed per expert by variant `impl`'s int8_pack,
+// run on its int8 kernels (w13 [E, packed bytes], w2 [E, packed bytes], fp32 scales).
+at::Tensor fused_moe_w8a8(const at::Tensor& x, const at::Tensor& router_logits, const at::Tensor& w13,
+                          const at::Tensor& w2, int64_t top_k, bool renormalize, const at::Tensor& w13_scale,
+                          const at::Tensor& w2_scale, int64_t impl);
 at::Tensor gguf_linear(const at::Tensor& x, const at::Tensor& qweight, int64_t qtype,
                        const std::optional<at::Tensor>& bias, int64_t impl);
 // The GGUF kernels of variant `impl` (generic's when it has none; the layout is the file's).

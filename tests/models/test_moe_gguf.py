@@ -1,8 +1,8 @@
 """MoE GGUF files (llama.cpp's layout: experts stacked as ffn_{gate,up,down}_exps, the router as
 ffn_gate_inp, Qwen2-MoE's shared expert as *_shexp, Mixtral as "llama" with experts and permuted
-Q/K rows) written here from the random HF checkpoints of test_moe_models, greedy vs transformers.
-(OLMoE GGUF files are refused: the GGUF vocabulary goes through transformers' GGUF reader, which
-has no olmoe.)"""
+Q/K rows, OLMoE with its full-width q/k norms) written here from the random HF checkpoints of
+test_moe_models, greedy vs transformers. (transformers' GGUF model reader has no olmoe: its
+vocabulary is read by the fast tokenizer directly, checked below.)"""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from tests.models.hf_oracle import hf_greedy
 from tests.models.test_moe_models import PROMPTS, write_checkpoint
 
 # test config name -> GGUF architecture
-ARCHS = {"qwen3-moe": "qwen3moe", "qwen2-moe-shared-expert": "qwen2moe", "mixtral": "llama"}
+ARCHS = {"qwen3-moe": "qwen3moe", "qwen2-moe-shared-expert": "qwen2moe", "mixtral": "llama", "olmoe": "olmoe"}
 # what a GGUF cannot say (llama.cpp's graphs make every layer sparse)
 ALL_SPARSE = {"qwen3-moe": dict(mlp_only_layers=[]), "qwen2-moe-shared-expert": dict(decoder_sparse_step=1)}
 LAYER = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
@@ -99,3 +99,24 @@ def test_moe_gguf_matches_transformers(tmp_path, monkeypatch, tokenizer, name):
     assert llm.engine.model_config.moe is not None
     params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
     assert [o.token_ids for o in llm.generate(PROMPTS, params)] == [hf_greedy(hf, p, 10) for p in PROMPTS]
+
+
+def test_olmoe_gguf_vocabulary_is_read(tmp_path, default_model_path, tokenizer):
+    """An olmoe file's vocabulary (here the default model's, copied) is read although
+    transformers' GGUF model reader refuses the architecture."""
+    import gguf
+
+    from anycore.loader.tokenizer import load_gguf_tokenizer
+
+    w = gguf.GGUFWriter(str(tmp_path / "vocab.gguf"), "olmoe")
+    w.add_uint32("olmoe.block_count", 1)
+    for key, field in gguf.GGUFReader(str(default_model_path)).fields.items():
+        if key.startswith("tokenizer."):
+            w.add_key_value(key, field.contents(), field.types[0], sub_type=field.types[1] if len(field.types) > 1 else None)
+    w.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    text = "Hello world, this is a mixture of experts."
+    assert load_gguf_tokenizer(tmp_path / "vocab.gguf").encode(text) == tokenizer.encode(text)

@@ -83,17 +83,20 @@ def test_checkpoint_missing_an_expert_is_refused(tmp_path, tokenizer):
 
 @pytest.mark.parametrize("name", ["qwen2-moe-shared-expert"])  # (the others measured once, below)
 def test_w8a8_moe_stays_close_to_bf16(tmp_path, tokenizer, name):
-    """Online W8A8 with int8 experts (per output channel, per-token activations) vs the bf16
-    model, teacher-forced on the bf16 greedy continuations of PROMPTS (84 positions). Measured:
-    mixtral top-1 79/84, per-position max |logprob diff| median 0.013, max 0.047; qwen2-moe 83/84,
-    0.012, 0.027 (qwen3-moe 80/84, 0.018, 0.071; olmoe 82/84, 0.014, 0.032). For scale, bf16
-    vs fp32 on the same random models: mixtral 80/84, 0.007, 0.051; qwen2-moe 83/84, 0.006, 0.009
-    (random weights leave near-ties that any rounding flips)."""
+    """Online W8A8 with int8 experts (per output channel, per-token activations; the kernel
+    table's fused_moe_w8a8, native int8 kernels where the host has them) vs the bf16 model,
+    teacher-forced on the bf16 greedy continuations of PROMPTS (84 positions). Measured on
+    avx512_vnni: mixtral top-1 79/84, per-position max |logprob diff| median 0.013, max 0.047;
+    qwen2-moe 83/84, 0.012, 0.027 (qwen3-moe 81/84, 0.018, 0.071; olmoe 82/84, 0.014, 0.032).
+    For scale, bf16 vs fp32 on the same random models: mixtral 80/84, 0.007, 0.051; qwen2-moe
+    83/84, 0.006, 0.009 (random weights leave near-ties that any rounding flips)."""
     write_checkpoint(tmp_path, name, tokenizer)
     bf16 = LLM(model=str(tmp_path), dtype="bfloat16", kv_cache_gb=0.01)
     w8a8 = LLM(model=str(tmp_path), dtype="bfloat16", quantization="w8a8_int8", kv_cache_gb=0.01)
     blocks = [m for m in w8a8.engine.model.modules() if isinstance(m, SparseMoeBlock)]
     assert blocks and all(b.experts.w13.dtype == torch.int8 and b.experts.w2_scale is not None for b in blocks)
+    ops = w8a8.engine.ops
+    assert all(b.experts.int8_kernel is ops.fused_moe_w8a8 for b in blocks)  # packed for the op that runs them
     assert all(b.gate.weight.dtype == torch.bfloat16 for b in blocks)  # routers stay float
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     top1 = positions = 0

@@ -31,6 +31,8 @@ def _expect(op_impl: str, **per_op: str) -> dict[str, str]:
     # ops without a kernel family (torch-native only) are torch-native everywhere
     out = {op: op_impl if spec(op).family else "torch-native" for op in sel.OPS}
     out.update(per_op)
+    # fused_moe_w8a8 runs on the int8 kernels: wherever w8a8_linear does (the same skip rule)
+    out["fused_moe_w8a8"] = out["w8a8_linear"]
     return out
 
 
@@ -206,9 +208,10 @@ def test_ops_come_from_the_registry_by_family():
     for name in ("avx512", "avx512_bf16", "neon", "neon_bf16", "sve256"):  # vector variants with the GEMV
         assert sel.variant(name).ops == ops_of("elementwise") + ops_of("attention") + ops_of("gemv"), name
     for name in ("avx512_vnni", "dotprod"):  # int8 dot products: W8A8 and the GGUF blocks
-        assert sel.variant(name).ops == ops_of("int8") + ops_of("gguf") == ("w8a8_linear", "gguf_linear"), name
+        assert sel.variant(name).ops == ops_of("int8") + ops_of("gguf") == ("w8a8_linear", "fused_moe_w8a8",
+                                                                            "gguf_linear"), name
     for name in ("amx", "i8mm"):
-        assert sel.variant(name).ops == ops_of("int8") == ("w8a8_linear",), name
+        assert sel.variant(name).ops == ops_of("int8") == ("w8a8_linear", "fused_moe_w8a8"), name
     assert sel.variant("sve").ops == ("rms_norm", "add_rms_norm", "apply_rotary", "silu_and_mul")
 
 

@@ -58,8 +58,9 @@ def _summary(path: str, _mtime_ns: int, _size: int) -> GGUFSummary:
 
 
 def gguf_type(path: Path) -> str:
-    """The dominant weight type of a GGUF file (that of blk.0's FFN), e.g. 'Q4_1'."""
-    return next((t.type_name for t in summary(path).tensors if t.name.endswith("ffn_up.weight")), "unknown")
+    """The dominant weight type of a GGUF file (that of blk.0's FFN or experts), e.g. 'Q4_1'."""
+    return next((t.type_name for t in summary(path).tensors if t.name.endswith(("ffn_up.weight", "ffn_up_exps.weight"))),
+                "unknown")
 
 
 def gguf_stats(path: Path) -> dict[str, float]:
