@@ -87,8 +87,18 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
     return EngineConfig(**{f.name: getattr(args, f.name) for f in fields(EngineConfig)})
 
 
+def _worker_node(args: argparse.Namespace) -> bool:
+    """--node-rank > 0: this process only hosts that node's tensor-parallel worker ranks."""
+    return getattr(args, "node_rank", 0) > 0
+
+
 def _generate(args: argparse.Namespace) -> int:
     from anycore.llm import LLM
+
+    if _worker_node(args):
+        from anycore.distributed.node import run_node
+
+        return run_node(engine_config(args))
 
     llm = LLM.from_config(engine_config(args))
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
@@ -104,6 +114,11 @@ def _generate(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     from anycore.server.app import run_server
     from anycore.server.args import server_config
+
+    if _worker_node(args):
+        from anycore.distributed.node import run_node
+
+        return run_node(engine_config(args))
 
     return run_server(server_config(args), engine_config(args))
 
