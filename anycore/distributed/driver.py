@@ -114,8 +114,7 @@ class TensorParallel:
                 p.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 p.kill()
-        if self.group.failure is None:
-            self.group.close()
+        self.group.close()  # (after a failure too: the next engine in this process needs a new group)
         if self._saved_affinity is not None:
             os.sched_setaffinity(0, self._saved_affinity)
         torch.set_num_threads(self._saved_threads)

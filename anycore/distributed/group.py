@@ -1,13 +1,14 @@
 """One tensor-parallel group on ``torch.distributed`` (gloo): ranks, placement, partitions,
 collectives that fail loudly.
 
-Two process groups over the same ranks:
+Besides the default group (rendezvous and the shard-loaded barrier, with a start-up timeout),
+two process groups over the same ranks:
 
-- **compute** (the default group): the forward's all-reduces and the logits gather, with the
-  engine's ``dist_timeout`` so a hung or dead peer raises instead of blocking forever;
+- **compute**: the forward's all-reduces and the logits gather, with the engine's
+  ``dist_timeout`` so a hung or dead peer raises instead of blocking forever;
 - **control**: rank 0's command broadcasts (engine/worker protocol, distributed/worker.py).
-  A worker waits there while the server is idle, so its timeout is long; a dead rank 0 still
-  wakes it at once (gloo sees the closed connection).
+  A worker waits there while the server is idle, so its timeout there is long (rank 0's is the
+  engine's); a dead rank 0 still wakes it at once (gloo sees the closed connection).
 
 Any collective error marks the group failed (``failure``, a sentence naming the cause) and
 calls the listeners (the server's health turns 503); the group never recovers: a lost rank's
@@ -29,6 +30,8 @@ import torch.distributed as dist
 log = logging.getLogger("anycore")
 
 CONTROL_TIMEOUT = datetime.timedelta(days=30)  # an idle server: workers wait for the next command
+# every rank up and its shard loaded (other nodes may be started by hand, a big model loads slowly)
+START_TIMEOUT = datetime.timedelta(minutes=10)
 
 
 class RankFailure(RuntimeError):
@@ -94,9 +97,14 @@ class ParallelGroup:
         self.failure: str | None = None
         self._listeners: list[Callable[[str], None]] = []
         self._lock = threading.Lock()
+        # the default group only meets (rendezvous, the loaded barrier): start-up's long timeout
         dist.init_process_group("gloo", init_method=f"tcp://{host}:{port}", rank=rank, world_size=world,
-                                timeout=datetime.timedelta(seconds=timeout_s))
-        self.control = dist.new_group(backend="gloo", timeout=CONTROL_TIMEOUT)
+                                timeout=START_TIMEOUT)
+        self.compute = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
+        # (the timeout is each process's own: rank 0 must not wait long on a hung worker, a
+        # worker waits as long as the server idles)
+        control_timeout = datetime.timedelta(seconds=timeout_s) if rank == 0 else CONTROL_TIMEOUT
+        self.control = dist.new_group(backend="gloo", timeout=control_timeout)
 
     # ---- failure ------------------------------------------------------------------------------
     def on_failure(self, listener: Callable[[str], None]) -> None:
@@ -130,7 +138,7 @@ class ParallelGroup:
     # ---- collectives ----------------------------------------------------------------------------
     def all_reduce(self, t: torch.Tensor) -> torch.Tensor:
         """Sums ``t`` over the ranks in place (the row-parallel projections' partial outputs)."""
-        self._checked("all_reduce", lambda: dist.all_reduce(t))
+        self._checked("all_reduce", lambda: dist.all_reduce(t, group=self.compute))
         return t
 
     def gather_columns(self, t: torch.Tensor, width: int) -> torch.Tensor | None:
@@ -141,7 +149,7 @@ class ParallelGroup:
             t = torch.nn.functional.pad(t, (0, chunk - t.shape[1]))
         t = t.contiguous()
         parts = [torch.empty_like(t) for _ in range(self.world)] if self.rank == 0 else None
-        self._checked("logits gather", lambda: dist.gather(t, parts, dst=0))
+        self._checked("logits gather", lambda: dist.gather(t, parts, dst=0, group=self.compute))
         return torch.cat(parts, dim=1)[:, :width] if parts is not None else None
 
     def barrier(self) -> None:
