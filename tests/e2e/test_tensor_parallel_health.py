@@ -58,6 +58,8 @@ def test_killed_rank_turns_health_503(tmp_path, tokenizer):
     try:
         _wait_health(url, proc, 200, 300)
         assert httpx.post(f"{url}/v1/completions", json=body, timeout=60).status_code == 200
+        tp = httpx.get(f"{url}/v1/engine", timeout=10).json()["tensor_parallel"]
+        assert tp["size"] == 2 and len(tp["ranks"]) == 2 and tp["failure"] is None
         workers = _children(proc.pid)
         assert len(workers) == 1
         os.kill(workers[0], signal.SIGKILL)
