@@ -136,6 +136,8 @@ class Engine:
         self.scheduler = Scheduler(self.kv, config.max_num_batched_tokens, config.max_num_seqs, config.policy,
                                    self.speculator)
         self.runner = ModelRunner(self._runner_model(), self.kv_pool, self.ops)
+        if self.parallel is not None:  # (no native stack nor native greedy decode: no collectives in them)
+            self.runner.native.enabled = False
         del weights, source  # drops the parsed model file (and its mapped pages) before calibrating
         release_free_heap()
         if self.quantization and not prequantized:
