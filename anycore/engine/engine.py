@@ -102,7 +102,7 @@ class Engine:
             max_len = num_slots
         self.max_model_len = max_len
 
-        self.parallel = self._start_parallel(config, num_slots, max_len)
+        self.parallel = self._start_parallel(config, mc, num_slots, max_len)
         threads = torch.get_num_threads() if self.parallel is not None else config.threads  # (the rank's share)
         self.ops = select_ops(overrides=config.kernels, threads=threads)
         # (not under TP: every rank must keep the thread count its placement gave it)
@@ -189,14 +189,16 @@ class Engine:
 
     # ---- tensor parallel (anycore/distributed/) -------------------------------------------------
     @staticmethod
-    def _start_parallel(config: EngineConfig, num_slots: int, max_len: int):
+    def _start_parallel(config: EngineConfig, mc, num_slots: int, max_len: int):
         """Rank 0's group (workers started, rendezvous done, sizes sent), or None for TP=1."""
         if config.tensor_parallel_size == 1:
             return None
         if config.node_rank != 0:
             raise ValueError("node_rank > 0 runs worker ranks only (anycore.distributed.node), not an Engine")
         from anycore.distributed.driver import TensorParallel
+        from anycore.layers.parallel import check_tensor_parallel
 
+        check_tensor_parallel(mc, config.tensor_parallel_size)  # (before any rank starts)
         parallel = TensorParallel(config)
         parallel.init_workers(num_slots, max_len)
         return parallel

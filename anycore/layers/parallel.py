@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from anycore.config import ModelConfig
 from anycore.distributed.group import ParallelGroup, split_even
 from anycore.layers.embedding import LogitsHead, VocabEmbedding
 from anycore.layers.linear import Linear, storage_replaced
@@ -144,6 +145,24 @@ def shard_embedding_and_head(model: nn.Module, vocab_size: int, group: ParallelG
         head.weight = nn.Parameter(head.weight.data[start:end].contiguous(), requires_grad=False)
     model.embed_tokens = ParallelEmbedding(table, start, end, group)
     model.lm_head = ParallelLogitsHead(head, vocab_size, group)
+
+
+# the dense Llama-family classes shard_llama_family handles (models/llama.py)
+TP_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+
+
+def check_tensor_parallel(config: ModelConfig, world: int) -> None:
+    """Raises a ValueError before any rank starts when ``config``'s model cannot be sharded
+    ``world`` ways (the same conditions ``shard_llama_family`` meets on the loaded model)."""
+    reason = None
+    if config.architecture not in TP_ARCHITECTURES:
+        reason = f"{config.architecture} is not one of {', '.join(TP_ARCHITECTURES)}"
+    elif config.moe is not None or config.qk_norm_full:
+        reason = "sparse (MoE) MLPs and whole-projection q/k norms are not sharded yet"
+    elif config.num_kv_heads < world:
+        reason = f"{config.num_kv_heads} KV heads cannot be split {world} ways (attention is split by KV group)"
+    if reason is not None:
+        raise ValueError(f"tensor parallel: unsupported model ({reason})")
 
 
 def shard_llama_family(model: nn.Module, group: ParallelGroup) -> int:
