@@ -32,12 +32,14 @@ def _configs():
     }
 
 
-def write_checkpoint(folder, name, tokenizer):
+def write_checkpoint(folder, name, tokenizer, num_kv_heads=3):
+    """6 query heads over ``num_kv_heads`` KV heads (3: TP=2 splits them 2 + 1; 6: TP=4 2+2+1+1)."""
     from transformers import AutoModelForCausalLM
 
     cls, extra = _configs()[name]
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(cls(**COMMON, **extra), dtype=torch.float32)
+    config = cls(**{**COMMON, "num_key_value_heads": num_kv_heads}, **extra)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     with torch.no_grad():
         for p in model.parameters():  # larger than init so logits are not near-ties
             p.normal_(0, 0.2)
@@ -90,24 +92,26 @@ def test_tp2_bfloat16(tmp_path, tokenizer):
     assert [g[0] for g in got] == [e[0] for e in expected]
 
 
-def test_two_nodes_on_loopback(tmp_path, tokenizer):
-    """TP=2 as 2 nodes x 1 rank: node 1 is a separate `anycore generate --node-rank 1` process
+@pytest.mark.parametrize("tp", [2, pytest.param(4, marks=pytest.mark.slow)])
+def test_two_nodes_on_loopback(tmp_path, tokenizer, tp):
+    """TP=2 as 2 nodes x 1 rank, and TP=4 as 2 nodes x 2 ranks (slow: 4 processes; each node
+    starts its own local worker): node 1 is a separate `anycore generate --node-rank 1` process
     reaching node 0 over TCP on 127.0.0.1 only."""
-    write_checkpoint(tmp_path, "llama-untied", tokenizer)
+    write_checkpoint(tmp_path, "llama-untied", tokenizer, num_kv_heads=3 if tp == 2 else 6)
     expected = token_ids(LLM(model=str(tmp_path), dtype="float32", kv_cache_gb=0.01))
     addr = f"127.0.0.1:{free_loopback_port()}"
     node1 = subprocess.Popen([sys.executable, "-m", "anycore", "generate", "--prompt", "unused", "--model",
                               str(tmp_path), "--dtype", "float32", "--kv-cache-gb", "0.01",
-                              "--tensor-parallel-size", "2", "--nnodes", "2", "--node-rank", "1",
+                              "--tensor-parallel-size", str(tp), "--nnodes", "2", "--node-rank", "1",
                               "--dist-init-addr", addr])
     try:
-        tp2 = LLM(model=str(tmp_path), dtype="float32", kv_cache_gb=0.01, tensor_parallel_size=2, nnodes=2,
+        llm = LLM(model=str(tmp_path), dtype="float32", kv_cache_gb=0.01, tensor_parallel_size=tp, nnodes=2,
                   node_rank=0, dist_init_addr=addr)
-        assert tp2.engine.parallel.workers == []  # (rank 1 is the other node's)
+        assert len(llm.engine.parallel.workers) == tp // 2 - 1  # (the other ranks are node 1's)
         try:
-            assert token_ids(tp2) == expected
+            assert token_ids(llm) == expected
         finally:
-            tp2.close()
+            llm.close()
         assert node1.wait(timeout=60) == 0  # rank 0's stop command ends the other node
     finally:
         if node1.poll() is None:
