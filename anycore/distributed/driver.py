@@ -11,6 +11,7 @@ all layers) has no collectives inside, so it is bypassed (``DriverModel.op_by_op
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import logging
 import os
@@ -45,6 +46,7 @@ def spawn_local_ranks(config: EngineConfig, addr: str, first_rank: int, local_wo
     ``skip_first``: it is this process); returns their placements and processes."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
+    env.setdefault("ANYCORE_LOG_LEVEL", logging.getLevelName(logging.getLogger().getEffectiveLevel()))
     cfg = dataclasses.asdict(config)
     procs = []
     for local in range(1 if skip_first else 0, local_world):
@@ -79,6 +81,7 @@ class TensorParallel:
         except Exception:
             self._kill_workers()
             raise
+        atexit.register(self.close)  # (a script that never closes its LLM still stops its workers cleanly)
         for pl, proc in self.workers:
             threading.Thread(target=self._watch, args=(pl, proc), name=f"anycore-tp-watch-{pl.rank}",
                              daemon=True).start()
@@ -104,6 +107,7 @@ class TensorParallel:
         if self._closed:
             return
         self._closed = True
+        atexit.unregister(self.close)
         if self.group.failure is None:
             try:
                 self.group.broadcast(("stop", None))
