@@ -91,21 +91,19 @@ def serve(group: ParallelGroup, config: EngineConfig) -> None:
     k_layers, v_layers = list(kv.k.unbind(0)), list(kv.v.unbind(0))
     group.barrier()  # loaded: rank 0 starts serving after this
     log.info("tensor parallel rank %d/%d ready (%d KV heads)", group.rank, group.world, kv_heads)
-    hidden = None
     with torch.inference_mode():
         while True:
             kind, arg = group.broadcast()
             if kind == "forward":
                 t = {name: torch.from_numpy(a) for name, a in arg.items()}
                 batch = ForwardBatch(**t, k_cache=k_layers, v_cache=v_layers)
-                hidden = model(batch)
+                model(batch)  # (its hidden states are not kept: a logits command carries rank 0's)
             elif kind == "logits":
                 model.compute_logits(arg)
             elif kind == "stop":
                 return
             else:
                 raise RuntimeError(f"unknown command {kind!r}")
-    del hidden
 
 
 def _exit_with_parent(pid: int) -> None:
