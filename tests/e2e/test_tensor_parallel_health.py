@@ -43,9 +43,9 @@ def _wait_health(url: str, proc: subprocess.Popen, want: int, limit_s: float) ->
     raise AssertionError(f"/health never answered {want}")
 
 
-def test_killed_rank_turns_health_503(tmp_path, tokenizer):
+def test_killed_rank_turns_health_503(tmp_path):
     model = tmp_path / "ck"
-    write_checkpoint(model, "llama-untied", tokenizer)
+    write_checkpoint(model, "llama-untied")
     port = _free_port()
     log_path = tmp_path / "server.log"
     cmd = [sys.executable, "-m", "anycore", "serve", "--model", str(model), "--port", str(port), "--dtype", "float32",

@@ -32,7 +32,20 @@ def _configs():
     }
 
 
-def write_checkpoint(folder, name, tokenizer, num_kv_heads=3):
+def write_tokenizer(folder) -> None:
+    """A word-level tokenizer over the checkpoint's vocabulary (no default model needed: the
+    emulated Arm64 lane has none)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"t{i}": i for i in range(3, COMMON["vocab_size"])}}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
+                            unk_token="<unk>").save_pretrained(folder)
+
+
+def write_checkpoint(folder, name, num_kv_heads=3):
     """6 query heads over ``num_kv_heads`` KV heads (3: TP=2 splits them 2 + 1; 6: TP=4 2+2+1+1)."""
     from transformers import AutoModelForCausalLM
 
@@ -44,7 +57,7 @@ def write_checkpoint(folder, name, tokenizer, num_kv_heads=3):
         for p in model.parameters():  # larger than init so logits are not near-ties
             p.normal_(0, 0.2)
     model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
+    write_tokenizer(folder)
     return model.eval()
 
 
@@ -55,8 +68,8 @@ def token_ids(llm: LLM, prompts=PROMPTS, params=GREEDY) -> list[list[int]]:
 # (the emulated Arm64 lane runs one of them: each is 3 processes importing torch under QEMU)
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.arm64) if n == "llama-untied" else n
                                   for n in sorted(_configs())])
-def test_tp2_matches_tp1_and_transformers(tmp_path, tokenizer, name):
-    hf = write_checkpoint(tmp_path, name, tokenizer)
+def test_tp2_matches_tp1_and_transformers(tmp_path, name):
+    hf = write_checkpoint(tmp_path, name)
     tp1 = LLM(model=str(tmp_path), dtype="float32", kv_cache_gb=0.01)
     expected = token_ids(tp1)
     assert expected == [hf_greedy(hf, p, 12) for p in PROMPTS]
@@ -79,10 +92,10 @@ def test_tp2_matches_tp1_and_transformers(tmp_path, tokenizer, name):
         tp2.close()
 
 
-def test_tp2_bfloat16(tmp_path, tokenizer):
+def test_tp2_bfloat16(tmp_path):
     """bf16 takes the native paths at TP=1 (stack, multi-step greedy); TP=2 runs op by op and
     its row-parallel sums round differently, so it is compared by agreement, not identity."""
-    write_checkpoint(tmp_path, "qwen2-qkv-bias-tied", tokenizer)
+    write_checkpoint(tmp_path, "qwen2-qkv-bias-tied")
     expected = token_ids(LLM(model=str(tmp_path), dtype="bfloat16", kv_cache_gb=0.01))
     tp2 = LLM(model=str(tmp_path), dtype="bfloat16", kv_cache_gb=0.01, tensor_parallel_size=2)
     try:
@@ -95,11 +108,11 @@ def test_tp2_bfloat16(tmp_path, tokenizer):
 
 
 @pytest.mark.parametrize("tp", [2, pytest.param(4, marks=pytest.mark.slow)])
-def test_two_nodes_on_loopback(tmp_path, tokenizer, tp):
+def test_two_nodes_on_loopback(tmp_path, tp):
     """TP=2 as 2 nodes x 1 rank, and TP=4 as 2 nodes x 2 ranks (slow: 4 processes; each node
     starts its own local worker): node 1 is a separate `anycore generate --node-rank 1` process
     reaching node 0 over TCP on 127.0.0.1 only."""
-    write_checkpoint(tmp_path, "llama-untied", tokenizer, num_kv_heads=3 if tp == 2 else 6)
+    write_checkpoint(tmp_path, "llama-untied", num_kv_heads=3 if tp == 2 else 6)
     expected = token_ids(LLM(model=str(tmp_path), dtype="float32", kv_cache_gb=0.01))
     addr = f"127.0.0.1:{free_loopback_port()}"
     node1 = subprocess.Popen([sys.executable, "-m", "anycore", "generate", "--prompt", "unused", "--model",

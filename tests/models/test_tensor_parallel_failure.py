@@ -14,8 +14,8 @@ from tests.models.test_tensor_parallel import GREEDY, PROMPTS, write_checkpoint
 
 
 @pytest.fixture
-def tp2(tmp_path, tokenizer):
-    write_checkpoint(tmp_path, "llama-untied", tokenizer)
+def tp2(tmp_path):
+    write_checkpoint(tmp_path, "llama-untied")
     llm = LLM(model=str(tmp_path), dtype="float32", kv_cache_gb=0.01, tensor_parallel_size=2, dist_timeout=5)
     yield llm
     llm.close()
