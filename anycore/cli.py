@@ -50,6 +50,17 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--quantize-embedding", action="store_true", default=d("quantize_embedding"),
                    help="with --quantization: the token embedding table too, int8 rows (a tied table needs "
                         "--quantize-lm-head; not written by `anycore quantize`)")
+    t = p.add_argument_group("tensor parallel (anycore/distributed/)")
+    t.add_argument("--tensor-parallel-size", type=int, default=d("tensor_parallel_size"),
+                   help="ranks the model is sharded over (gloo; default: %(default)s)")
+    t.add_argument("--nnodes", type=int, default=d("nnodes"), help="hosts the ranks are split over")
+    t.add_argument("--node-rank", type=int, default=d("node_rank"),
+                   help="this host's index; > 0 runs only that node's worker ranks")
+    t.add_argument("--dist-init-addr", default=d("dist_init_addr"), metavar="HOST:PORT",
+                   help="node 0's rendezvous address (needed with --nnodes > 1)")
+    t.add_argument("--dist-timeout", type=float, default=d("dist_timeout"),
+                   help="seconds a collective may wait before the engine fails (default: %(default)s)")
+
     s = p.add_argument_group("speculative decoding")
     s.add_argument("--speculative-algorithm", default=d("speculative_algorithm"), choices=["ngram", "draft"],
                    help="draft tokens and verify them in one step, losslessly (ngram: prompt lookup; draft: a small "
@@ -76,8 +87,18 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
     return EngineConfig(**{f.name: getattr(args, f.name) for f in fields(EngineConfig)})
 
 
+def _worker_node(args: argparse.Namespace) -> bool:
+    """--node-rank > 0: this process only hosts that node's tensor-parallel worker ranks."""
+    return getattr(args, "node_rank", 0) > 0
+
+
 def _generate(args: argparse.Namespace) -> int:
     from anycore.llm import LLM
+
+    if _worker_node(args):
+        from anycore.distributed.node import run_node
+
+        return run_node(engine_config(args))
 
     llm = LLM.from_config(engine_config(args))
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
@@ -97,6 +118,11 @@ def _serve(args: argparse.Namespace) -> int:
         return run_data_parallel(args, args.raw_argv)
     from anycore.server.app import run_server
     from anycore.server.args import server_config
+
+    if _worker_node(args):
+        from anycore.distributed.node import run_node
+
+        return run_node(engine_config(args))
 
     return run_server(server_config(args), engine_config(args))
 

@@ -266,6 +266,14 @@ class EngineConfig:
     # the target's own first N layers (plus its final norm and head) as a self-draft
     speculative_model: str | None = None
     speculative_draft_layers: int | None = None
+    # ---- tensor parallel (anycore/distributed/) ----
+    # ranks the model is sharded over (rank 0 here schedules and samples; the others are
+    # processes it starts, or other nodes' `--node-rank` processes); nnodes hosts split them evenly
+    tensor_parallel_size: int = 1
+    nnodes: int = 1
+    node_rank: int = 0
+    dist_init_addr: str | None = None  # HOST:PORT of rank 0's rendezvous (needed with nnodes > 1)
+    dist_timeout: float = 120.0  # seconds a collective may wait before the engine fails (a hung rank)
 
     def speculative_config(self):  # -> anycore.spec.policy.SpeculativeConfig | None
         """The speculative decoding settings (validated), or None when it is off."""
@@ -298,6 +306,21 @@ class EngineConfig:
         if self.quantize_embedding and not self.quantization:
             raise ValueError("quantize_embedding needs online quantization (quantization='w8a8_int8')")
         self.speculative_config()  # (raises on a bad speculative setting)
+        self._check_parallel()
+
+    def _check_parallel(self) -> None:
+        tp, nodes = self.tensor_parallel_size, self.nnodes
+        if tp < 1 or nodes < 1 or tp % nodes:
+            raise ValueError("tensor_parallel_size must be a multiple of nnodes (both >= 1)")
+        if not 0 <= self.node_rank < nodes:
+            raise ValueError(f"node_rank must be in [0, {nodes})")
+        if nodes > 1 and not self.dist_init_addr:
+            raise ValueError("nnodes > 1 needs dist_init_addr (HOST:PORT of node 0)")
+        if tp > 1 and (self.quantization or self.speculative_algorithm == "draft"):
+            raise ValueError("tensor parallel runs dense weights without a draft model (no quantization, "
+                             "no speculative_algorithm='draft') for now")
+        if self.dist_timeout <= 0:
+            raise ValueError("dist_timeout must be > 0")
 
 
 # the names of server/tool_parsers/'s parsers, plus "auto" (kept here: config imports no server code)

@@ -77,6 +77,8 @@ def run_doctor(features: CpuFeatures | None = None, overrides: str | None = None
 
     for arch, reason in op_by_op_architectures().items():
         lines.append(f"  {'':<{width}}  {'op by op':<12}  {arch}: {reason}")
+    lines.append(f"  {'(tensor par.)':<{width}}  {'op by op':<12}  --tensor-parallel-size > 1: every rank runs its "
+                 "shard's layers op by op (the native stack has no collectives inside); all-reduce over gloo")
     gguf = sel.impl("gguf_linear")
     gguf_native = ext.available and gguf in ext.variants
     lines.append(f"  {'(gguf blocks)':<{width}}  {gguf:<12}  --quantization gguf: a GGUF file's Q4_0/Q4_1/Q8_0 "
@@ -87,6 +89,11 @@ def run_doctor(features: CpuFeatures | None = None, overrides: str | None = None
 
     threads = torch.get_num_threads()
     lines += ["", f"threads   torch intra-op {threads}; OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}"]
+    from anycore.distributed.group import placement
+
+    tp = max(2, f.numa_nodes)
+    lines.append(f"tensor    --tensor-parallel-size {tp} would place "
+                 + "; ".join(placement(r, r, tp, None).describe() for r in range(tp)))
     if threads > f.cores:
         warnings.append(f"{threads} threads on {f.cores} usable cores: oversubscribed")
     if f.numa_nodes > 1:

@@ -36,6 +36,10 @@ class LLM:
         self.inputs = InputProcessor.for_engine(engine)
         self._batch_ids = itertools.count()
 
+    def close(self) -> None:
+        """Stops the engine's tensor-parallel workers, if any (TP=1: nothing to stop)."""
+        self.engine.close()
+
     def generate(
         self,
         prompts: Prompt | Sequence[Prompt],

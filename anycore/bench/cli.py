@@ -36,6 +36,11 @@ def add_bench_args(parser: argparse.ArgumentParser, add_engine_args: Callable[[a
     from anycore.bench.moe import add_moe_args
 
     add_moe_args(sub.add_parser("moe", help="a random ~1B Mixture-of-Experts model: anycore vs transformers"))
+    from anycore.bench.tensor_parallel import add_tp_args
+
+    tp = sub.add_parser("tp", help="tensor parallel: all-reduce latency, TP=N vs TP=1 decode tok/s")
+    add_engine_args(tp)
+    add_tp_args(tp)
 
 
 def run_bench(args: argparse.Namespace, config: EngineConfig | None) -> int:
@@ -65,4 +70,9 @@ def _dispatch(args: argparse.Namespace, config: EngineConfig | None) -> int:
         from anycore.bench.moe import run_moe_bench
 
         return run_moe_bench(args)
+    if args.bench == "tp":
+        from anycore.bench.tensor_parallel import run_tp
+
+        assert config is not None
+        return run_tp(args, config)
     raise ValueError(f"unknown benchmark {args.bench!r}")

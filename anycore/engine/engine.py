@@ -102,8 +102,12 @@ class Engine:
             max_len = num_slots
         self.max_model_len = max_len
 
-        self.ops = select_ops(overrides=config.kernels, threads=config.threads)
-        self.thread_governor = ThreadGovernor(torch.get_num_threads()) if config.adaptive_threads else None
+        self.parallel = self._start_parallel(config, mc, num_slots, max_len)
+        threads = torch.get_num_threads() if self.parallel is not None else config.threads  # (the rank's share)
+        self.ops = select_ops(overrides=config.kernels, threads=threads)
+        # (not under TP: every rank must keep the thread count its placement gave it)
+        self.thread_governor = (ThreadGovernor(torch.get_num_threads())
+                                if config.adaptive_threads and self.parallel is None else None)
         self.quantization, prequantized = resolve_quantization(config.quantization, source.hf_config, source.format)
         weights = tqdm(source.weights(self.dtype, native_blocks=self.quantization == GGUF),
                        total=len(source.weight_names), desc="loading weights", unit="tensor", disable=None, leave=False)
@@ -114,7 +118,12 @@ class Engine:
         # float weights, calibrates, smooths and quantizes once the runner exists (below)
         self.model = build_model(mc, self.ops, self.dtype, weights, max_len,
                                  linear_method_factory(self.quantization, True) if prequantized else None)
-        self.kv_pool = KVPool(mc.num_layers, num_slots, mc.num_kv_heads, mc.head_dim, self.dtype)
+        kv_heads = mc.num_kv_heads
+        if self.parallel is not None:  # this rank's shard; its KV pool holds only its KV heads
+            from anycore.layers.parallel import shard_llama_family
+
+            kv_heads = shard_llama_family(self.model, self.parallel.group)
+        self.kv_pool = KVPool(mc.num_layers, num_slots, kv_heads, mc.head_dim, self.dtype)
         self.kv = KVCacheManager(num_slots, config.enable_prefix_caching)
         spec = config.speculative_config()
         self.speculator: Speculator | None = None
@@ -126,7 +135,9 @@ class Engine:
             self.speculator = Speculator(spec)
         self.scheduler = Scheduler(self.kv, config.max_num_batched_tokens, config.max_num_seqs, config.policy,
                                    self.speculator)
-        self.runner = ModelRunner(self.model, self.kv_pool, self.ops)
+        self.runner = ModelRunner(self._runner_model(), self.kv_pool, self.ops)
+        if self.parallel is not None:  # (no native stack nor native greedy decode: no collectives in them)
+            self.runner.native.enabled = False
         del weights, source  # drops the parsed model file (and its mapped pages) before calibrating
         release_free_heap()
         if self.quantization and not prequantized:
@@ -170,8 +181,39 @@ class Engine:
                      "(no native decoder stack for a sparse MLP), each sparse layer's experts one fused_moe call",
                      len(mc.moe.moe_layers), mc.num_layers, mc.moe.num_experts, mc.moe.top_k)
         log.info("decoder layers: %s", self.runner.native.layers_path())
+        if self.parallel is not None:
+            self.parallel.wait_ready()
+            log.info("tensor parallel: %d ranks ready (%s)", config.tensor_parallel_size, self.parallel.describe())
         if self.quantization == GGUF:
             log.info("gguf: %s", gguf_summary(self.model, self.runner.native.stack(self.dtype) is not None))
+
+    # ---- tensor parallel (anycore/distributed/) -------------------------------------------------
+    @staticmethod
+    def _start_parallel(config: EngineConfig, mc, num_slots: int, max_len: int):
+        """Rank 0's group (workers started, rendezvous done, sizes sent), or None for TP=1."""
+        if config.tensor_parallel_size == 1:
+            return None
+        if config.node_rank != 0:
+            raise ValueError("node_rank > 0 runs worker ranks only (anycore.distributed.node), not an Engine")
+        from anycore.distributed.driver import TensorParallel
+        from anycore.layers.parallel import check_tensor_parallel
+
+        check_tensor_parallel(mc, config.tensor_parallel_size)  # (before any rank starts)
+        parallel = TensorParallel(config)
+        parallel.init_workers(num_slots, max_len)
+        return parallel
+
+    def _runner_model(self):
+        if self.parallel is None:
+            return self.model
+        from anycore.distributed.driver import DriverModel
+
+        return DriverModel(self.model, self.parallel.group)
+
+    def close(self) -> None:
+        """Stops the tensor-parallel workers (a no-op for TP=1); the engine cannot step after."""
+        if self.parallel is not None:
+            self.parallel.close()
 
     # ---- requests -------------------------------------------------------------------------
     def add_request(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None,

@@ -213,6 +213,8 @@ class NativeExecutor:
         when activations are bf16, the layers run as one native stack and the head's multiply
         is native (a tied int8 table is read through the head's kernel too)."""
         ops, m = self.ops, self.model
+        if not self.enabled:
+            return None
         h, emb = m.lm_head, m.embed_tokens
         if ops.decode_greedy is None or emb.dtype != torch.bfloat16:
             return None

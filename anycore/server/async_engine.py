@@ -239,12 +239,28 @@ class AsyncEngine:
             self._decode_self_check()
         self._publish_stats()
         self.state = "ready"
+        parallel = getattr(self.engine, "parallel", None)
+        if parallel is not None:  # a lost tensor-parallel rank fails the server (health 503)
+            parallel.group.on_failure(self._rank_failed)
         if self._on_ready is not None:
             self._post(self._on_ready)
         try:
             self._loop_forever()
         finally:
-            self._abort_all(ShuttingDown, "the server is shutting down")
+            if self.state == "failed":
+                self._abort_all(EngineFailure, self.load_error or "the engine failed")
+            else:
+                self._abort_all(ShuttingDown, "the server is shutting down")
+            close = getattr(self.engine, "close", None)  # (stops tensor-parallel workers)
+            if close is not None:
+                close()
+
+    def _rank_failed(self, message: str) -> None:
+        """(any thread) The engine lost a rank: it cannot serve again; the loop ends its requests."""
+        self.load_error = message
+        self.state = "failed"
+        with self._cond:
+            self._cond.notify()
 
     def _decode_self_check(self) -> None:
         from anycore.engine.self_check import decode_self_check
@@ -260,10 +276,11 @@ class AsyncEngine:
         engine = self.engine
         while True:
             with self._cond:
-                while not self._commands and not self._stop and not engine.has_unfinished():
+                while (not self._commands and not self._stop and not engine.has_unfinished()
+                       and self.state != "failed"):
                     self._cond.wait()
                 commands, self._commands = self._commands, []
-                if self._stop:
+                if self._stop or self.state == "failed":
                     return
             if commands:
                 self._apply(commands)

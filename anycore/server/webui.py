@@ -105,7 +105,12 @@ def engine_info(ctx: ServerContext) -> dict[str, Any]:
             "kv_cache_gb": eng.kv_cache_gb,
             "kernels": {op: {"impl": impl, "reason": ops.reasons.get(op, "")} for op, impl in ops.choices.items()},
             # all layers in one native call, or op by op from Python (`anycore doctor` says which and why)
-            "decoder_stack": "native" if ops.decoder_stack is not None else "op by op",
+            "decoder_stack": "native" if ops.decoder_stack is not None and eng.parallel is None else "op by op",
+            # per-rank placement (cores, threads) of a tensor-parallel engine; null for TP=1
+            "tensor_parallel": None if eng.parallel is None else {
+                "size": eng.config.tensor_parallel_size, "nnodes": eng.config.nnodes,
+                "ranks": [p.describe() for p in eng.parallel.placements],
+                "failure": eng.parallel.group.failure},
         })
     return info
 
