@@ -60,6 +60,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="node 0's rendezvous address (needed with --nnodes > 1)")
     t.add_argument("--dist-timeout", type=float, default=d("dist_timeout"),
                    help="seconds a collective may wait before the engine fails (default: %(default)s)")
+    t.add_argument("--dist-all-reduce", default=d("dist_all_reduce"), choices=["auto", "shm", "gloo"],
+                   help="the layers' all-reduce: shared memory (ranks on one host) or gloo; auto: shm when "
+                        "possible (default: %(default)s)")
 
     s = p.add_argument_group("speculative decoding")
     s.add_argument("--speculative-algorithm", default=d("speculative_algorithm"), choices=["ngram", "draft"],

@@ -274,6 +274,9 @@ class EngineConfig:
     node_rank: int = 0
     dist_init_addr: str | None = None  # HOST:PORT of rank 0's rendezvous (needed with nnodes > 1)
     dist_timeout: float = 120.0  # seconds a collective may wait before the engine fails (a hung rank)
+    # the row-parallel all-reduce: "shm" (one host's shared memory, anycore/distributed/shm.py),
+    # "gloo", or "auto" (shm when every rank is on one host and the op is available)
+    dist_all_reduce: str = "auto"
 
     def speculative_config(self):  # -> anycore.spec.policy.SpeculativeConfig | None
         """The speculative decoding settings (validated), or None when it is off."""
@@ -321,6 +324,8 @@ class EngineConfig:
                              "no speculative_algorithm='draft') for now")
         if self.dist_timeout <= 0:
             raise ValueError("dist_timeout must be > 0")
+        if self.dist_all_reduce not in ("auto", "shm", "gloo"):
+            raise ValueError(f"dist_all_reduce must be auto, shm or gloo, got {self.dist_all_reduce!r}")
 
 
 # the names of server/tool_parsers/'s parsers, plus "auto" (kept here: config imports no server code)

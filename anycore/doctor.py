@@ -94,6 +94,11 @@ def run_doctor(features: CpuFeatures | None = None, overrides: str | None = None
     tp = max(2, f.numa_nodes)
     lines.append(f"tensor    --tensor-parallel-size {tp} would place "
                  + "; ".join(placement(r, r, tp, None).describe() for r in range(tp)))
+    from anycore.distributed.shm import implementation
+
+    shm_impl = implementation()
+    lines.append("tensor    all-reduce on one host: " + (f"shm ({shm_impl[0]}); gloo across hosts" if shm_impl
+                                                         else "gloo (no shm all-reduce implementation here)"))
     if threads > f.cores:
         warnings.append(f"{threads} threads on {f.cores} usable cores: oversubscribed")
     if f.numa_nodes > 1:

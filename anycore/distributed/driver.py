@@ -26,6 +26,7 @@ from torch import nn
 
 from anycore.config import EngineConfig
 from anycore.distributed.group import ParallelGroup, Placement, apply_placement, placement
+from anycore.distributed.shm import mode_for
 from anycore.distributed.worker import WorkerSpec, batch_arrays
 from anycore.layers.forward_batch import ForwardBatch
 
@@ -77,7 +78,8 @@ class TensorParallel:
                      local_world, addr)
         self._closed = False
         try:
-            self.group = ParallelGroup(0, world, addr, config.dist_timeout)
+            self.group = ParallelGroup(0, world, addr, config.dist_timeout,
+                                       mode_for(config.dist_all_reduce, config.nnodes))
         except Exception:
             self._kill_workers()
             raise

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from anycore.distributed import shm
+
 log = logging.getLogger("anycore")
 
 CONTROL_TIMEOUT = datetime.timedelta(days=30)  # an idle server: workers wait for the next command
@@ -91,10 +93,11 @@ class ParallelGroup:
     """This process's membership in the tensor-parallel group (one per process: it owns the
     default ``torch.distributed`` group until ``close``)."""
 
-    def __init__(self, rank: int, world: int, addr: str, timeout_s: float) -> None:
+    def __init__(self, rank: int, world: int, addr: str, timeout_s: float, all_reduce: str = "auto") -> None:
         host, port = parse_addr(addr)
         self.rank, self.world = rank, world
         self.failure: str | None = None
+        self.shm: shm.ShmAllReduce | None = None
         self._listeners: list[Callable[[str], None]] = []
         self._lock = threading.Lock()
         # the default group only meets (rendezvous, the loaded barrier): start-up's long timeout
@@ -105,6 +108,10 @@ class ParallelGroup:
         # worker waits as long as the server idles)
         control_timeout = datetime.timedelta(seconds=timeout_s) if rank == 0 else CONTROL_TIMEOUT
         self.control = dist.new_group(backend="gloo", timeout=control_timeout)
+        # the row-parallel all-reduce: shared memory when every rank is on this host (shm.py)
+        self.shm = shm.choose(all_reduce, rank, world, addr, timeout_s)
+        if rank == 0:
+            log.info("tensor parallel all-reduce: %s", self.all_reduce_name())
 
     # ---- failure ------------------------------------------------------------------------------
     def on_failure(self, listener: Callable[[str], None]) -> None:
@@ -122,6 +129,8 @@ class ParallelGroup:
                 return
             self.failure = message
             listeners, self._listeners = self._listeners, []
+        if self.shm is not None:
+            self.shm.abort()  # (the ranks waiting in the shm all-reduce stop at once)
         log.error("tensor parallel: %s; the engine cannot serve", message)
         for fn in listeners:
             fn(message)
@@ -136,9 +145,15 @@ class ParallelGroup:
             raise RankFailure(self.failure) from e
 
     # ---- collectives ----------------------------------------------------------------------------
+    def all_reduce_name(self) -> str:
+        return self.shm.describe() if self.shm is not None else "gloo"
+
     def all_reduce(self, t: torch.Tensor) -> torch.Tensor:
         """Sums ``t`` over the ranks in place (the row-parallel projections' partial outputs)."""
-        self._checked("all_reduce", lambda: dist.all_reduce(t, group=self.compute))
+        if self.shm is not None and t.is_contiguous() and t.dtype in (torch.float32, torch.bfloat16):
+            self._checked("shm all_reduce", lambda: self.shm(t))
+        else:
+            self._checked("all_reduce", lambda: dist.all_reduce(t, group=self.compute))
         return t
 
     def gather_columns(self, t: torch.Tensor, width: int) -> torch.Tensor | None:
@@ -162,5 +177,7 @@ class ParallelGroup:
         return box[0]
 
     def close(self) -> None:
+        if self.shm is not None:
+            self.shm.close()
         if dist.is_initialized():
             dist.destroy_process_group()

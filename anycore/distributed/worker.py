@@ -31,6 +31,7 @@ import torch
 
 from anycore.config import EngineConfig, parse_dtype
 from anycore.distributed.group import ParallelGroup, Placement, RankFailure, apply_placement
+from anycore.distributed.shm import mode_for
 from anycore.layers.forward_batch import ForwardBatch
 
 log = logging.getLogger("anycore")
@@ -123,7 +124,8 @@ def run(spec: WorkerSpec) -> int:
     if spec.parent_pid is not None:
         _exit_with_parent(spec.parent_pid)
     log.info("tensor parallel %s (pid %d)", spec.placement.describe(), os.getpid())
-    group = ParallelGroup(spec.rank, spec.world, spec.addr, config.dist_timeout)
+    group = ParallelGroup(spec.rank, spec.world, spec.addr, config.dist_timeout,
+                          mode_for(config.dist_all_reduce, config.nnodes))
     try:
         serve(group, config)
     except RankFailure as e:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from anycore.kernels import gguf, int8, moe, moe_int8, reference, torch_native
+from anycore.kernels import gguf, int8, moe, moe_int8, reference, shm_all_reduce, torch_native
 
 # C++ kernel families (csrc/common/kernel_table.h ANYCORE_<FAMILY>_KERNELS, int8_impl.h, gguf_impl.h):
 # a native variant declares ops by family in anycore/platform/selection.py
@@ -125,6 +125,11 @@ OP_SPECS: tuple[OpSpec, ...] = (
     OpSpec("gguf_linear", reference.gguf_linear, gguf.gguf_linear_torch, "gguf", _gguf_native_when,
            doc="gguf_linear(x, qweight, qtype, bias=None): qweight the GGUF file's blocks uint8 [N, K/32 * "
                "block bytes] of ggml type qtype (Q4_0, Q4_1, Q8_0; anycore.kernels.gguf), int8 activations"),
+    # one portable C++ kernel (csrc/common/shm_all_reduce.cpp, no per-ISA table), bound by the
+    # tensor-parallel group (anycore/distributed/shm.py), not by a variant
+    OpSpec("shm_all_reduce", shm_all_reduce.shm_all_reduce, shm_all_reduce.shm_all_reduce,
+           doc="shm_all_reduce(x, segment, rank, world, timeout_s): x summed in place over the ranks of one host "
+               "through a shared-memory segment (anycore.kernels.shm_all_reduce)"),
 )
 OP_NAMES: tuple[str, ...] = tuple(s.name for s in OP_SPECS)
 # the ops the native decoder stack calls besides the projections, in its op_impls order

@@ -110,6 +110,7 @@ def engine_info(ctx: ServerContext) -> dict[str, Any]:
             "tensor_parallel": None if eng.parallel is None else {
                 "size": eng.config.tensor_parallel_size, "nnodes": eng.config.nnodes,
                 "ranks": [p.describe() for p in eng.parallel.placements],
+                "all_reduce": eng.parallel.group.all_reduce_name(),
                 "failure": eng.parallel.group.failure},
         })
     return info

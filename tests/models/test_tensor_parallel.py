@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from anycore import LLM, SamplingParams
+from anycore.distributed import shm
 from anycore.distributed.driver import free_loopback_port
 from tests.models.hf_oracle import hf_greedy
 
@@ -83,6 +84,8 @@ def test_tp2_matches_tp1_and_transformers(tmp_path, name):
     try:
         pool = tp2.engine.kv_pool
         assert pool.k.shape[2] == 2  # rank 0 holds 2 of the 3 KV heads
+        # one host: the shared-memory all-reduce runs (wherever an implementation exists)
+        assert tp2.engine.parallel.group.all_reduce_name().startswith("shm") or shm.implementation() is None
         assert token_ids(tp2) == expected
         tp2.engine.scheduler.max_num_batched_tokens = 4  # prefill chunked to 4 tokens per step
         assert token_ids(tp2) == expected
