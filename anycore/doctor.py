@@ -78,7 +78,7 @@ def run_doctor(features: CpuFeatures | None = None, overrides: str | None = None
     for arch, reason in op_by_op_architectures().items():
         lines.append(f"  {'':<{width}}  {'op by op':<12}  {arch}: {reason}")
     lines.append(f"  {'(tensor par.)':<{width}}  {'op by op':<12}  --tensor-parallel-size > 1: every rank runs its "
-                 "shard's layers op by op (the native stack has no collectives inside); all-reduce over gloo")
+                 "shard's layers op by op (the native stack has no collectives inside); all-reduce below")
     gguf = sel.impl("gguf_linear")
     gguf_native = ext.available and gguf in ext.variants
     lines.append(f"  {'(gguf blocks)':<{width}}  {gguf:<12}  --quantization gguf: a GGUF file's Q4_0/Q4_1/Q8_0 "

@@ -50,7 +50,7 @@ def test_killed_rank_turns_health_503(tmp_path):
     log_path = tmp_path / "server.log"
     cmd = [sys.executable, "-m", "anycore", "serve", "--model", str(model), "--port", str(port), "--dtype", "float32",
            "--kv-cache-gb", "0.01", "--tensor-parallel-size", "2", "--dist-timeout", "20", "--no-self-check",
-           "--shutdown-timeout", "3"]
+           "--shutdown-timeout", "3", "--dist-all-reduce", "shm"]
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=Path(__file__).parents[2])
     url = f"http://127.0.0.1:{port}"
@@ -60,6 +60,7 @@ def test_killed_rank_turns_health_503(tmp_path):
         assert httpx.post(f"{url}/v1/completions", json=body, timeout=60).status_code == 200
         tp = httpx.get(f"{url}/v1/engine", timeout=10).json()["tensor_parallel"]
         assert tp["size"] == 2 and len(tp["ranks"]) == 2 and tp["failure"] is None
+        assert tp["all_reduce"].startswith("shm")  # (one host; the flag insists on it)
         workers = _children(proc.pid)
         assert len(workers) == 1
         os.kill(workers[0], signal.SIGKILL)
@@ -70,6 +71,7 @@ def test_killed_rank_turns_health_503(tmp_path):
         proc.wait(timeout=60)
         log_text = log_path.read_text()
         assert "tensor-parallel rank 1" in log_text and "the engine cannot serve" in log_text
+        assert "tensor parallel all-reduce: shm" in log_text
     finally:
         if proc.poll() is None:
             proc.kill()
