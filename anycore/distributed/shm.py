@@ -30,6 +30,7 @@ from anycore.kernels import shm_all_reduce as layout
 
 log = logging.getLogger("anycore")
 
+SHM_DIR = "/dev/shm"
 SLOT_BYTES = 4 << 20  # per rank; a bigger tensor is reduced in slot-sized chunks
 
 
@@ -45,6 +46,9 @@ def native_op() -> Callable | None:
 
 
 def implementation() -> tuple[str, Callable] | None:
+    """(name, op) of the shm all-reduce this host can run, or None (then gloo)."""
+    if not os.access(SHM_DIR, os.W_OK):  # (a container without /dev/shm)
+        return None
     op = native_op()
     if op is not None:
         return "native", op
@@ -115,14 +119,16 @@ def choose(mode: str, rank: int, world: int, addr: str, timeout_s: float) -> Shm
     everyone: list = [None] * world
     dist.all_gather_object(everyone, mine)
     one_host = all(h == everyone[0][0] for h, _ in everyone)
-    if mode == "gloo" or world == 1 or not one_host or not all(ok for _, ok in everyone):
+    if world == 1:
+        return None
+    if mode == "gloo" or not one_host or not all(ok for _, ok in everyone):
         if mode == "shm":
             why = "the ranks are on several hosts" if not one_host else "a rank has no shm implementation"
             raise RuntimeError(f"--dist-all-reduce shm: {why}")
         return None
     assert impl is not None
     size = layout.segment_bytes(world, SLOT_BYTES)
-    path = os.path.join("/dev/shm", segment_name(addr))
+    path = os.path.join(SHM_DIR, segment_name(addr))
     if rank == 0:
         m = _open(path, True, size)
     dist.barrier()

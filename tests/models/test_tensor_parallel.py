@@ -130,6 +130,7 @@ def test_two_nodes_on_loopback(tmp_path, tp):
         llm = LLM(model=str(tmp_path), dtype="float32", kv_cache_gb=0.01, tensor_parallel_size=tp, nnodes=2,
                   node_rank=0, dist_init_addr=addr)
         assert len(llm.engine.parallel.workers) == tp // 2 - 1  # (the other ranks are node 1's)
+        assert llm.engine.parallel.group.all_reduce_name() == "gloo"  # (declared nodes: auto is gloo)
         try:
             assert token_ids(llm) == expected
         finally:
