@@ -97,7 +97,8 @@ def run_doctor(features: CpuFeatures | None = None, overrides: str | None = None
     from anycore.distributed.shm import implementation
 
     shm_impl = implementation()
-    lines.append("tensor    all-reduce on one host: " + (f"shm ({shm_impl[0]}); gloo across hosts" if shm_impl
+    lines.append("tensor    all-reduce on one host: " + (f"shm ({shm_impl[0]}, bound by the TP group, not by the "
+                                                         "kernel table above); gloo across hosts" if shm_impl
                                                          else "gloo (no shm all-reduce implementation here)"))
     if threads > f.cores:
         warnings.append(f"{threads} threads on {f.cores} usable cores: oversubscribed")
