@@ -108,6 +108,25 @@ def dequantize(qweight: torch.Tensor, qtype: int, dtype: torch.dtype = torch.flo
     return (q.float() * dw32 + mw[..., None]).reshape(qweight.shape[0], -1).to(dtype)
 
 
+# formats that re-encode losslessly as Q8_0 (the same fp16 d, the offset folded into int8 q)
+_AS_Q8_0 = {Q4_0: 8, Q5_0: 16, Q8_0: 0}
+
+
+def as_q8_0(qweight: torch.Tensor, qtype: int) -> torch.Tensor | None:
+    """Q4_0 / Q5_0 blocks rewritten as the Q8_0 blocks of the same weights (``w = d * (q - 8)``
+    is ``d * q8`` with ``q8 = q - 8``: exact); None for a format that has no such form. Lets a
+    merged projection whose shards mix these types (Gemma 3's Q5_0 q/k with a Q8_0 v) stay blocks."""
+    if qtype not in _AS_Q8_0:
+        return None
+    if qtype == Q8_0:
+        return qweight
+    n = qweight.shape[0]
+    blocks = qweight.reshape(n, -1, block_bytes(qtype))
+    q, _, _ = decode_blocks(qweight, qtype)
+    q8 = (q - _AS_Q8_0[qtype]).to(torch.int8).view(torch.uint8)
+    return torch.cat([blocks[..., 0:2], q8], dim=-1).reshape(n, -1)
+
+
 def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``x [M, K]`` -> ``(qx [M, nb, 32] int8, dx [M, nb] fp32, sx [M, nb] fp32)`` per 32-block."""
     xb = x.float().reshape(x.shape[0], -1, BLOCK)
