@@ -2,8 +2,11 @@
 stays in the file's Q4_K / Q6_K / Q5_0 blocks (Q8_0 where a QKV mixes Q5_0 with a Q8_0 v), and
 what it predicts stays close to bf16 on the dequantized weights.
 
-Prompts are scored in chunks of 16 rows, so every projection runs the int8 block kernels (a
-longer chunk would run the dense prefill path, the bf16 weights exactly).
+One engine serves both sides: a call with at most 16 activation rows runs the int8 block kernels;
+more rows (prefill) run the blocks dequantized to bf16 through F.linear, which is the dequantized
+bf16 model exactly (tests/kernels/test_gguf_linear.py). So scoring in chunks of 16 is the block
+path, in one chunk of 192 the bf16 path; greedy decode (one row a step) is the block path, and a
+greedy reference re-scores the whole sequence (over 16 rows) each step.
 """
 
 from __future__ import annotations
@@ -32,12 +35,16 @@ def gemma_path():
 
 @pytest.fixture(scope="module")
 def llm_gguf(gemma_path):
-    return LLM(model=gemma_path, dtype="bfloat16", quantization="gguf", kv_cache_gb=0.05, max_num_batched_tokens=16)
+    return LLM(model=gemma_path, kv_cache_gb=0.05)  # the default: bf16, the file's blocks
 
 
-@pytest.fixture(scope="module")
-def llm_bf16(gemma_path):
-    return LLM(model=gemma_path, dtype="bfloat16", quantization="none", kv_cache_gb=0.05)
+def score(llm: LLM, ids: list[int], chunk: int) -> torch.Tensor:
+    sched = llm.engine.scheduler
+    saved, sched.max_num_batched_tokens = sched.max_num_batched_tokens, chunk
+    try:
+        return llm.engine.next_token_logprobs(ids)
+    finally:
+        sched.max_num_batched_tokens = saved
 
 
 def test_every_projection_keeps_its_blocks(llm_gguf):
@@ -51,10 +58,10 @@ def test_every_projection_keeps_its_blocks(llm_gguf):
     assert tuple(down.qweight.shape) == (640, 8 * 210)
 
 
-def test_teacher_forced_predictions_close_to_bf16(llm_gguf, llm_bf16):
+def test_teacher_forced_predictions_close_to_bf16(llm_gguf):
     ids = llm_gguf.tokenizer.encode(PROSE)[:192]
-    a = llm_gguf.engine.next_token_logprobs(ids)
-    b = llm_bf16.engine.next_token_logprobs(ids)
+    a = score(llm_gguf, ids, 16)
+    b = score(llm_gguf, ids, len(ids))
     agree = (a.argmax(-1) == b.argmax(-1)).float().mean().item()
     assert agree >= 0.9, agree
     targets = torch.tensor(ids[1:])[:, None]
@@ -64,9 +71,15 @@ def test_teacher_forced_predictions_close_to_bf16(llm_gguf, llm_bf16):
     assert abs(ppl_a / ppl_b - 1) < 0.03, (ppl_a, ppl_b)
 
 
-def test_greedy_starts_like_bf16(llm_gguf, llm_bf16):
-    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
-    prompts = [llm_gguf.tokenizer.encode(p) for p in ("The capital of France is", "def fibonacci(n):\n    ")]
+def test_greedy_starts_like_bf16(llm_gguf):
+    tok, steps = llm_gguf.tokenizer, 8
+    prose = tok.encode(PROSE)[:24]  # (so every reference re-score has over 16 rows)
+    prompts = [prose + tok.encode(p, add_special_tokens=False)
+               for p in (" The capital of France is", "\n\ndef fibonacci(n):\n    ")]
+    params = SamplingParams(temperature=0.0, max_tokens=steps, ignore_eos=True)
     ours = [o.outputs[0].token_ids for o in llm_gguf.generate(prompts, params)]
-    ref = [o.outputs[0].token_ids for o in llm_bf16.generate(prompts, params)]
-    assert [o[:8] for o in ours] == [r[:8] for r in ref]
+    for prompt, got in zip(prompts, ours):
+        seq = list(prompt)
+        for _ in range(steps):
+            seq.append(int(score(llm_gguf, seq, len(seq))[-1].argmax()))
+        assert got == seq[len(prompt):]
