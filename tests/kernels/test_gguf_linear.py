@@ -5,7 +5,7 @@ The integer block sums are exact in every implementation; what may differ is the
 the sum over blocks. So one block (K = 32) must agree to a few fp32 ulps, and longer rows to
 fp32 rounding of the sum of the blocks' magnitudes. Shapes: output rows not a multiple of any
 SIMD width or work chunk, K a multiple of 32 but not of 256 (K-quants: of 256, one to five
-super-blocks), 1..7 activation rows (decode
+super-blocks), 1, 3, 4, 6, 7 activation rows (decode
 batches, one partial 4-row tile) up to INT8_MAX_ROWS; more rows (prefill) run the dequantized
 weight through F.linear. Tests marked ``arm64`` use tiny shapes:
 the emulated Arm64 lane runs them for generic and dotprod.
@@ -82,7 +82,7 @@ def test_tiny(kernel, qtype, m, n, k):
 
 
 @pytest.mark.parametrize("qtype", FORMATS, ids=[G.FORMATS[t][0] for t in FORMATS])
-@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 6, 7])
+@pytest.mark.parametrize("m", [1, 3, 4, 6, 7])
 @pytest.mark.parametrize("n, k", [(1, 32), (19, 320), (100, 576)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_matches_reference(kernel, qtype, m, n, k, dtype):
