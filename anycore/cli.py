@@ -156,7 +156,9 @@ def _agreement(args: argparse.Namespace) -> int:
 
     config = engine_config(args)
     ref_config = replace(config, quantization="none", dtype=args.reference_dtype or config.dtype)
-    if ref_config == config:
+    # the default quantization serves a quantized GGUF file's blocks in bf16 only (dense in fp32)
+    dense = config.quantization == "none" or (config.quantization is None and config.dtype == "float32")
+    if ref_config == replace(config, quantization="none") and dense:
         print("eval agreement needs a candidate that differs from its reference: pass --quantization "
               "or a --reference-dtype other than --dtype", file=sys.stderr)
         return 2
