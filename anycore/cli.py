@@ -41,10 +41,13 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                         "each streamed as it is made; 0: no native greedy decode; default: %(default)s)")
     g.add_argument("--kernels", default=d("kernels"),
                    help="kernel overrides, e.g. 'torch-native' or 'rms_norm=generic'")
-    g.add_argument("--quantization", default=d("quantization"), choices=["w8a8_int8", "gguf"],
-                   help="w8a8_int8: quantize linear layers at load time (pre-quantized checkpoints need no flag); "
-                        "gguf: a GGUF file's Q4_0/Q4_1/Q8_0 projections run in their own blocks (int8 "
-                        "activations), not dequantized to --dtype")
+    g.add_argument("--quantization", default=d("quantization"), choices=["none", "w8a8_int8", "gguf"],
+                   help="default (auto): a GGUF file's quantized projections run in their own blocks with "
+                        "--dtype bfloat16, other checkpoints as they are; "
+                        "gguf: a GGUF file's Q4_0/Q4_1/Q5_0/Q8_0/Q4_K/Q5_K/Q6_K projections run in their own "
+                        "blocks (int8 activations), not dequantized to --dtype; none: dense weights (a GGUF file "
+                        "dequantized to --dtype); w8a8_int8: quantize linear layers at load time (pre-quantized "
+                        "checkpoints need no flag)")
     g.add_argument("--quantize-lm-head", action="store_true", default=d("quantize_lm_head"),
                    help="with --quantization: the logits head too (not written by `anycore quantize`)")
     g.add_argument("--quantize-embedding", action="store_true", default=d("quantize_embedding"),
@@ -163,7 +166,7 @@ def _eval(args: argparse.Namespace) -> int:
 
         scorer = Engine(engine_config(args))
         ids = tokenize_file(scorer, args.dataset, args.max_tokens)
-        label = f"dtype {args.dtype}, quantization {args.quantization or 'none'}"
+        label = f"dtype {args.dtype}, quantization {args.quantization or 'auto'}"
     r = perplexity(scorer, ids, args.ctx)
     print(f"perplexity {r.perplexity:.4f} over {r.tokens_scored} scored tokens ({r.windows} windows of {r.ctx}, "
           f"first {len(ids)} tokens of {args.dataset}; {label}) in {r.seconds:.1f}s")
@@ -182,15 +185,17 @@ def _agreement(args: argparse.Namespace) -> int:
     from anycore.llm import LLM
 
     config = engine_config(args)
-    ref_config = replace(config, quantization=None, dtype=args.reference_dtype or config.dtype)
-    if ref_config == config:
+    ref_config = replace(config, quantization="none", dtype=args.reference_dtype or config.dtype)
+    # the default quantization serves a quantized GGUF file's blocks in bf16 only (dense in fp32)
+    dense = config.quantization == "none" or (config.quantization is None and config.dtype == "float32")
+    if ref_config == replace(config, quantization="none") and dense:
         print("eval agreement needs a candidate that differs from its reference: pass --quantization "
               "or a --reference-dtype other than --dtype", file=sys.stderr)
         return 2
     reference = LLM.from_config(ref_config)
     candidate = LLM.from_config(config)
     r = greedy_agreement(reference, candidate, max_tokens=args.tokens, chat=not args.plain)
-    print(f"greedy agreement, {args.dtype} {config.quantization or 'dense'} vs {ref_config.dtype} dense: "
+    print(f"greedy agreement, {args.dtype} {config.quantization or 'auto'} vs {ref_config.dtype} dense: "
           f"{r.position_agreement:.1%} of {r.prompts}x{r.max_tokens} positions before the first divergence; "
           f"{r.identical:.1%} of prompts identical")
     print(f"teacher-forced: the candidate's greedy token equals the reference's at {r.teacher_forced:.1%} of "

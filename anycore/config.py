@@ -239,7 +239,10 @@ class EngineConfig:
     # many tokens' time (Scheduler.schedule(max_steps), engine/native_executor.py)
     decode_burst: int = 1
     kernels: str | None = None  # override string for the kernel table, e.g. "torch-native"
-    quantization: str | None = None  # e.g. "w8a8_int8" (online); pre-quantized checkpoints say so themselves
+    # None (auto): a GGUF file's quantized projections run in their own blocks ("gguf") when the
+    # dtype is bfloat16, other checkpoints as they say; "none": dequantized / dense weights;
+    # "w8a8_int8" (online); pre-quantized checkpoints say so themselves
+    quantization: str | None = None
     # online quantization only: the logits head too (int8, smoothed; +0.2% perplexity on
     # SmolLM2-135M, a quarter of a bf16 decode step's bytes there); off by default
     quantize_lm_head: bool = False
@@ -301,9 +304,9 @@ class EngineConfig:
             raise ValueError("decode_burst must be >= 0")
         if self.kv_cache_gb is not None and self.kv_cache_gb <= 0:
             raise ValueError("kv_cache_gb must be > 0")
-        if self.quantize_lm_head and not self.quantization:
+        if self.quantize_lm_head and self.quantization in (None, "none"):
             raise ValueError("quantize_lm_head needs online quantization (quantization='w8a8_int8')")
-        if self.quantize_embedding and not self.quantization:
+        if self.quantize_embedding and self.quantization in (None, "none"):
             raise ValueError("quantize_embedding needs online quantization (quantization='w8a8_int8')")
         self.speculative_config()  # (raises on a bad speculative setting)
         self._check_parallel()
@@ -316,7 +319,7 @@ class EngineConfig:
             raise ValueError(f"node_rank must be in [0, {nodes})")
         if nodes > 1 and not self.dist_init_addr:
             raise ValueError("nnodes > 1 needs dist_init_addr (HOST:PORT of node 0)")
-        if tp > 1 and (self.quantization or self.speculative_algorithm == "draft"):
+        if tp > 1 and (self.quantization not in (None, "none") or self.speculative_algorithm == "draft"):
             raise ValueError("tensor parallel runs dense weights without a draft model (no quantization, "
                              "no speculative_algorithm='draft') for now")
         if self.dist_timeout <= 0:

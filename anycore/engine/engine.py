@@ -27,6 +27,7 @@ from anycore.layers.embedding import LogitsHead, VocabEmbedding
 from anycore.layers.moe import StackedExperts
 from anycore.layers.quant import (
     GGUF,
+    NONE,
     linear_method_factory,
     quantize_online,
     release_free_heap,
@@ -72,8 +73,12 @@ def gguf_summary(model: torch.nn.Module, native_stack: bool) -> str:
 
     kinds = Counter(format_name(m.qtype) if m.method.name == GGUF else "dense (no block kernel for its type)"
                     for m in model.modules() if isinstance(m, Linear))
+    impls = {m.kernels.choices.get("gguf_linear") for m in model.modules()
+             if isinstance(m, Linear) and m.method.name == GGUF and getattr(m, "kernels", None) is not None}
+    kernel = f"gguf_linear on {', '.join(sorted(i for i in impls if i))}; " if impls else ""
     where = "in the native decoder stack" if native_stack else "op by op"
-    return f"projections {', '.join(f'{n} {k}' for k, n in sorted(kinds.items()))}; {where}; embedding and logits head dense"
+    return (f"projections {', '.join(f'{n} {k}' for k, n in sorted(kinds.items()))}; {kernel}{where}; "
+            "embedding and logits head dense")
 
 
 class Engine:
@@ -108,7 +113,10 @@ class Engine:
         # (not under TP: every rank must keep the thread count its placement gave it)
         self.thread_governor = (ThreadGovernor(torch.get_num_threads())
                                 if config.adaptive_threads and self.parallel is None else None)
-        self.quantization, prequantized = resolve_quantization(config.quantization, source.hf_config, source.format)
+        # TP shards dense weights only, so the automatic choice never picks a GGUF file's blocks there
+        requested = NONE if self.parallel is not None and config.quantization is None else config.quantization
+        self.quantization, prequantized = resolve_quantization(requested, source.hf_config, source.format,
+                                                               self.dtype, source.has_blocks)
         weights = tqdm(source.weights(self.dtype, native_blocks=self.quantization == GGUF),
                        total=len(source.weight_names), desc="loading weights", unit="tensor", disable=None, leave=False)
         if (config.quantize_lm_head or config.quantize_embedding) and prequantized:
