@@ -51,11 +51,13 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="with --quantization: the token embedding table too, int8 rows (a tied table needs "
                         "--quantize-lm-head; not written by `anycore quantize`)")
     s = p.add_argument_group("speculative decoding")
-    s.add_argument("--speculative-algorithm", default=d("speculative_algorithm"), choices=["ngram", "draft"],
+    s.add_argument("--speculative-algorithm", default=d("speculative_algorithm"), choices=["ngram", "draft", "eagle", "eagle3"],
                    help="draft tokens and verify them in one step, losslessly (ngram: prompt lookup; draft: a small "
-                        "model, --speculative-model or --speculative-draft-layers; default: off)")
+                        "model, --speculative-model or --speculative-draft-layers; eagle/eagle3: an EAGLE head "
+                        "folder, --speculative-model; default: off)")
     s.add_argument("--speculative-model", default=d("speculative_model"),
-                   help="with --speculative-algorithm draft: a GGUF file or HF folder with the target's vocabulary")
+                   help="with --speculative-algorithm draft: a GGUF file or HF folder with the target's vocabulary; "
+                        "with eagle/eagle3: the EAGLE head's HF folder")
     s.add_argument("--speculative-draft-layers", type=int, default=d("speculative_draft_layers"),
                    help="with --speculative-algorithm draft: draft with the target's first N layers and its head")
     s.add_argument("--num-speculative-tokens", type=int, default=d("num_speculative_tokens"),

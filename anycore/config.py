@@ -263,7 +263,8 @@ class EngineConfig:
     # growing number of steps
     speculative_min_acceptance: float = 0.3
     # speculative_algorithm "draft": a small checkpoint sharing the target's vocabulary, or
-    # the target's own first N layers (plus its final norm and head) as a self-draft
+    # the target's own first N layers (plus its final norm and head) as a self-draft;
+    # "eagle" / "eagle3": speculative_model is an EAGLE head's HF folder
     speculative_model: str | None = None
     speculative_draft_layers: int | None = None
 

@@ -84,6 +84,10 @@ class ModelRunner:
         self.k_layers = list(kv.k.unbind(0))  # per-layer views of the pool
         self.v_layers = list(kv.v.unbind(0))
         self.slot_rows = SlotRows()
+        # target hidden states an EAGLE head drafts from (ForwardBatch.capture_layers); None: off.
+        # After each step ``features`` holds (q_start_loc, captured rows) of the batch.
+        self.capture_layers: tuple[int, ...] | None = None
+        self.features: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def build_batch(self, out: SchedulerOutput) -> ForwardBatch:
         sched = out.scheduled
@@ -158,7 +162,10 @@ class ModelRunner:
         layout = logits_layout(out.scheduled)
         if layout is not None:  # some rows want every new token's logits (prompt logprobs, drafts)
             batch.logits_indices = layout.indices
+        batch.capture_layers = self.capture_layers
         hidden = self.model(batch, self.native.layers_fn(batch))
+        if batch.captured is not None:
+            self.features = (batch.q_start_loc, batch.captured)
         prompt_lps: dict[str, PromptLogprobPiece] = {}
         full_hidden = hidden
         if layout is not None:
