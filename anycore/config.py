@@ -267,6 +267,9 @@ class EngineConfig:
     # "eagle" / "eagle3": speculative_model is an EAGLE head's HF folder
     speculative_model: str | None = None
     speculative_draft_layers: int | None = None
+    # eagle / eagle3: > 1 drafts a tree (top-k branching, num_speculative_tokens levels deep) for
+    # greedy requests, verified with tree attention; 1: a chain
+    speculative_eagle_topk: int = 1
 
     def speculative_config(self):  # -> anycore.spec.policy.SpeculativeConfig | None
         """The speculative decoding settings (validated), or None when it is off."""
@@ -277,7 +280,8 @@ class EngineConfig:
         return SpeculativeConfig(self.speculative_algorithm, self.num_speculative_tokens,
                                  self.ngram_prompt_lookup_max, self.ngram_prompt_lookup_min,
                                  self.speculative_max_batch, self.speculative_min_acceptance,
-                                 self.speculative_model, self.speculative_draft_layers)
+                                 self.speculative_model, self.speculative_draft_layers,
+                                 self.speculative_eagle_topk)
 
     def resolved_kv_cache_gb(self) -> float:
         if self.kv_cache_gb is not None:

@@ -18,6 +18,7 @@ from anycore.kernels.ops import KernelOps
 from anycore.layers.forward_batch import ForwardBatch
 from anycore.scheduler.request import TokenLogprob
 from anycore.scheduler.scheduler import ScheduledRequest, SchedulerOutput
+from anycore.spec.tree import ancestor_mask
 
 
 class KVPool:
@@ -116,6 +117,9 @@ class ModelRunner:
                     input_ids[q_start[i] : q_start[i + 1]] = s.request.all_token_ids[s.start : s.start + s.num_new_tokens]
         slot_table = self._slot_table(sched, seq_lens)
         slot_mapping = slot_table[np.repeat(np.arange(b), n_new), positions]
+        tree_mask = None
+        if not out.all_decode and any(s.draft_parents is not None for s in sched):
+            positions, tree_mask = self._tree_rows(sched, positions, q_start, n_new)
         sample_rows = [i for i, s in enumerate(sched) if s.sample]
         logits_indices = q_start[1:][sample_rows] - 1
         t = torch.from_numpy
@@ -131,7 +135,26 @@ class ModelRunner:
             v_cache=self.v_layers,
             k_pool=self.kv.k,
             v_pool=self.kv.v,
+            tree_mask=tree_mask,
         )
+
+    @staticmethod
+    def _tree_rows(sched, positions: np.ndarray, q_start: np.ndarray, n_new: np.ndarray):
+        """Tree verifies: each node at start + its depth (its slot stays the next in the slot
+        list, already mapped), and the attention mask: causal rows for every other request."""
+        positions = positions.copy()
+        width = int(n_new.max())
+        mask = torch.ones(width, width, dtype=torch.bool).tril()
+        rows = []
+        for i, s in enumerate(sched):
+            n = int(n_new[i])
+            if s.draft_parents is None:
+                rows.append(mask[:n])
+                continue
+            tree = ancestor_mask(s.draft_parents)
+            rows.append(torch.nn.functional.pad(tree, (0, width - n)))
+            positions[q_start[i] + 1 : q_start[i + 1]] = s.start + np.asarray(s.draft_tokens.depths)
+        return positions, torch.cat(rows)
 
     def _slot_table(self, sched, seq_lens: np.ndarray) -> np.ndarray:
         """[batch, max seq_len] slots of each request (0-padded); one request: a view of its row."""
@@ -163,7 +186,8 @@ class ModelRunner:
         if layout is not None:  # some rows want every new token's logits (prompt logprobs, drafts)
             batch.logits_indices = layout.indices
         batch.capture_layers = self.capture_layers
-        hidden = self.model(batch, self.native.layers_fn(batch))
+        # (the native stack has no tree mask: a tree verify runs op by op)
+        hidden = self.model(batch, self.native.layers_fn(batch) if batch.tree_mask is None else None)
         if batch.captured is not None:
             self.features = (batch.q_start_loc, batch.captured)
         prompt_lps: dict[str, PromptLogprobPiece] = {}

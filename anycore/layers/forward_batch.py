@@ -39,4 +39,7 @@ class ForwardBatch:
     # layer indices: the residual stream entering each of those layers, concatenated (EAGLE-3;
     # index num_layers = the stream after the last layer). The model writes them to ``captured``.
     capture_layers: tuple[int, ...] | None = None
+    # a speculative tree verify in the batch: [T, max new tokens] which new tokens of its own
+    # request each row sees (the tree_attention op; causal rows for the other requests)
+    tree_mask: torch.Tensor | None = None
     captured: torch.Tensor | None = None

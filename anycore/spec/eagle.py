@@ -34,6 +34,7 @@ from anycore.scheduler.request import Request
 from anycore.scheduler.scheduler import SchedulerOutput
 from anycore.spec.eagle_head import EagleHead, aux_layers
 from anycore.spec.policy import SpeculativeConfig, Speculator
+from anycore.spec.tree import DraftTree, ancestor_mask
 
 
 @dataclass
@@ -72,6 +73,8 @@ class EagleSpeculator(Speculator):
                 continue
             st = self.states.setdefault(req.request_id, EagleState())
             chunk = rows[starts[i] : starts[i + 1]]
+            if s.draft_parents is not None:  # a tree verify: the root, then the accepted path's nodes
+                chunk = chunk[[0] + [j + 1 for j in s.tree_path or []]]
             if s.start < st.next_pos:  # (recomputed an absorbed position: only after a preemption)
                 self._reset(req.request_id)
                 st = self.states.setdefault(req.request_id, EagleState())
@@ -94,8 +97,11 @@ class EagleSpeculator(Speculator):
             return []
         if st.next_pos != req.num_tokens - 1:
             return []  # (the newest position's feature is missing)
+        depth = min(self.config.num_tokens, limit)
         with torch.inference_mode():
-            return self._draft(req, st, min(self.config.num_tokens, limit))
+            if self.config.eagle_topk > 1 and req.params.temperature == 0.0:
+                return self._draft_tree(st, depth, self.config.eagle_topk)
+            return self._draft(req, st, depth)
 
     def _absorb(self, req: Request, st: EagleState) -> None:
         """Runs the head over the pending features of accepted positions (those < L - 1)."""
@@ -136,6 +142,41 @@ class EagleSpeculator(Speculator):
             pos += 1
         self.allocator.free(temp)  # (drafted positions' KV: recomputed from target features later)
         return draft
+
+    def _draft_tree(self, st: EagleState, depth: int, topk: int) -> DraftTree:
+        """EAGLE-2-style expansion: level 1 is the root's top-k tokens; each next level takes
+        the top-k children of every node of the level before and keeps the k with the highest
+        path log-probability. The head computes every node so far in one tree-masked extend per
+        level (recomputing the earlier levels' rows: a few rows of one layer, no KV bookkeeping
+        across levels); its slots are given back at the end."""
+        ids, lps = self.head.draft_topk(st.last_out, topk)
+        tokens, parents, scores = ids[0].tolist(), [-1] * topk, lps[0].tolist()
+        outs: list[torch.Tensor] = []  # each node's head output, once computed
+        level = list(range(topk))
+        temp = self.allocator.allocate(topk * (depth - 1)) or []
+        for _ in range(1, depth):
+            if len(temp) < len(tokens):
+                break
+            tree = DraftTree(tokens, parents)
+            feats = torch.cat([st.last_out if p < 0 else outs[p] for p in parents])
+            n = len(tokens)
+            batch = self._batch(st.slots + temp[:n], st.next_pos - 1 + torch.tensor(tree.depths), n)
+            batch.tree_mask = ancestor_mask(parents, with_root=False)
+            out = self.head(torch.tensor(tokens), feats, False, batch)
+            outs = list(out.split(1))
+            ids, lps = self.head.draft_topk(out[level], topk)
+            cand = (torch.tensor([scores[j] for j in level])[:, None] + lps).flatten()
+            best = cand.topk(topk).indices.tolist()
+            new_level = []
+            for c in best:
+                parent = level[c // topk]
+                tokens.append(int(ids.flatten()[c]))
+                parents.append(parent)
+                scores.append(float(cand[c]))
+                new_level.append(len(tokens) - 1)
+            level = new_level
+        self.allocator.free(temp)
+        return DraftTree(tokens, parents)
 
     def _batch(self, slots: list[int], positions: torch.Tensor, n: int) -> ForwardBatch:
         table = torch.tensor(slots, dtype=torch.int64)[None]

@@ -195,9 +195,20 @@ class EagleHead(nn.Module):
         x, residual = self.post_attention_layernorm(attn, residual)
         return self.down_proj(self.ops.silu_and_mul(self.gate_up_proj(x))) + residual
 
+    def logits(self, out: torch.Tensor) -> torch.Tensor:
+        """Next-token logits of each output row, over the draft vocabulary (``to_target`` maps ids)."""
+        if self.kind == "eagle":
+            return self.target[0].compute_logits(out)
+        return self.lm_head(self.norm(out)).float()
+
+    def to_target(self, ids: torch.Tensor) -> torch.Tensor:
+        return ids + self.d2t[ids] if self.d2t is not None else ids
+
     def draft_ids(self, out: torch.Tensor) -> torch.Tensor:
         """The greedy next token (a target id) of each output row."""
-        if self.kind == "eagle":
-            return self.target[0].compute_logits(out).argmax(dim=-1)
-        ids = self.lm_head(self.norm(out)).argmax(dim=-1)
-        return ids + self.d2t[ids] if self.d2t is not None else ids
+        return self.to_target(self.logits(out).argmax(dim=-1))
+
+    def draft_topk(self, out: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The ``k`` likeliest next tokens (target ids) of each row, with their log-probabilities."""
+        lp, ids = self.logits(out).float().log_softmax(dim=-1).topk(k, dim=-1)
+        return self.to_target(ids), lp

@@ -39,6 +39,10 @@ class SpeculativeConfig:
     # "eagle" / "eagle3": draft_model is the EAGLE head's folder (anycore/spec/eagle_head.py)
     draft_model: str | None = None
     draft_layers: int | None = None
+    # "eagle" / "eagle3": > 1 drafts a tree, each of num_tokens levels keeping the eagle_topk
+    # likeliest nodes, each node expanded by its eagle_topk likeliest tokens (greedy requests;
+    # others get the top-1 chain); 1: a chain
+    eagle_topk: int = 1
 
     def __post_init__(self) -> None:
         if self.algorithm not in ALGORITHMS:
@@ -54,6 +58,8 @@ class SpeculativeConfig:
         if self.algorithm == "draft" and (self.draft_model is None) == (self.draft_layers is None):
             raise ValueError("speculative_algorithm 'draft' needs exactly one of speculative_model and "
                              "speculative_draft_layers")
+        if self.eagle_topk < 1 or (self.eagle_topk > 1 and not self.algorithm.startswith("eagle")):
+            raise ValueError("speculative_eagle_topk must be >= 1, and > 1 only with an EAGLE algorithm")
         if self.algorithm.startswith("eagle"):  # (an EAGLE head's HF folder)
             if self.draft_model is None or self.draft_layers is not None:
                 raise ValueError(f"speculative_algorithm {self.algorithm!r} needs speculative_model (the head's "

@@ -15,6 +15,7 @@ GREEDY = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
 # kind, target layers, EAGLE-3 layer ids in the head's config (None: the default 2, L/2, L-3)
 CASES = {"eagle": ("eagle", 2, None), "eagle3-default-layers": ("eagle3", 4, None),
          "eagle3-config-layers": ("eagle3", 2, [0, 1, -1])}
+TREE = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 
 
 @pytest.fixture(scope="module", params=sorted(CASES))
@@ -92,3 +93,22 @@ def test_bad_settings_are_refused(tmp_path, tokenizer):
     with pytest.raises(ValueError, match="three target layers"):
         LLM(model=str(tmp_path / "target"), dtype="float32", kv_cache_gb=0.01, speculative_algorithm="eagle3",
             speculative_model=str(tmp_path / "head"))
+
+
+def test_tree_drafts_keep_greedy_output_identical(setup):
+    """Top-k trees from the head (k = 2 for EAGLE, 3 for EAGLE-3), verified with tree
+    attention; the rejected branches' slots are freed, the accepted path's features feed the head."""
+    kind, _, _, base, spec = setup
+    topk = 2 if kind == "eagle" else 3
+    folder = spec.engine.config.speculative_model
+    tree = LLM(model=spec.engine.config.model, dtype="float32", kv_cache_gb=0.01, speculative_algorithm=kind,
+               speculative_model=folder, num_speculative_tokens=3, speculative_eagle_topk=topk,
+               speculative_min_acceptance=0.0)
+    expected = [o.token_ids for o in base.generate(PROMPTS, TREE)]
+    for prompt, want in zip(PROMPTS, expected):
+        assert tree.generate([prompt], TREE)[0].token_ids == want
+    assert [o.token_ids for o in tree.generate(PROMPTS, TREE)] == expected
+    stats = tree.engine.stats()
+    assert stats.spec_verify_steps > 0
+    assert_no_slot_leaked(tree)
+    assert tree.engine.speculator.num_slots_held == 0
