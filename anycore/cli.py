@@ -250,6 +250,25 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--threads", type=int, default=None, help="threads for the self-check (default: all cores)")
     doctor.set_defaults(func=_doctor)
 
+    td = sub.add_parser("train-draft", help="train an EAGLE head for a model on CPU, report its acceptance")
+    td.add_argument("--model", default=None, help="target (default: the default model)")
+    td.add_argument("--out", required=True, help="folder for the head (config.json + model.safetensors)")
+    td.add_argument("--text", required=True, help="text file: windows of it prompt the target's own generations")
+    td.add_argument("--from-text", action="store_true", help="train on the text itself, not on generations")
+    td.add_argument("--sequences", type=int, default=32, help="training sequences (default: %(default)s)")
+    td.add_argument("--prompt-len", type=int, default=32)
+    td.add_argument("--gen-len", type=int, default=96)
+    td.add_argument("--steps", type=int, default=300, help="one sequence per step (default: %(default)s)")
+    td.add_argument("--lr", type=float, default=1e-3)
+    td.add_argument("--ce-weight", type=float, default=1.0, help="token loss weight beside the feature loss")
+    td.add_argument("--seed", type=int, default=0)
+    td.add_argument("--dtype", default="float32")
+    td.add_argument("--kv-cache-gb", type=float, default=0.25)
+    td.add_argument("--eval-prompts", type=int, default=6, help="held-out windows the acceptance is measured on")
+    td.add_argument("--eval-tokens", type=int, default=64)
+    td.add_argument("--num-speculative-tokens", type=int, default=3)
+    td.set_defaults(func=lambda a: __import__("anycore.spec.train_draft", fromlist=["run_cli"]).run_cli(a))
+
     bench = sub.add_parser("bench", help="benchmarks (latency, throughput, serving, compare, moe)")
     try:
         from anycore.bench.cli import add_bench_args
