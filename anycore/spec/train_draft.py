@@ -6,8 +6,9 @@ normed hidden state h_i (the EAGLE feature) and the target's greedy next token a
 learns, from (embedding of token i + 1, h_i), to output h_{i+1} (smooth-L1, the feature it
 feeds itself while drafting) whose LM-head logits give a_{i+1} (cross-entropy), as EAGLE does.
 
-The head's decoder layer starts from a copy of the target's last layer and ``fc`` from
-"take the feature" (zeros on the embedding half), so training starts near a sensible map. The
+The head's decoder layer starts from the target's last layer's q/k/v and gate/up with its
+output projections at zero, and ``fc`` from "take the feature" (zeros on the embedding half):
+training starts from "the next feature is this one", a sane scale. The
 embedding and LM head are the target's, frozen. The result is written as an HF folder
 (``config.json`` + ``model.safetensors``) that ``--speculative-algorithm eagle
 --speculative-model DIR`` loads.
@@ -75,9 +76,11 @@ class TrainableHead(nn.Module):
         self.fc_weight = param(torch.cat((torch.zeros(h, h), torch.eye(h)), dim=1) + 0.01 * torch.randn(h, 2 * h))
         self.fc_bias = param(torch.zeros(h))
         self.q, self.k, self.v = param(qkv[:q]), param(qkv[q : q + kv]), param(qkv[q + kv :])
-        self.o = param(last.self_attn.o_proj.weight.detach().float())
+        # the residual branches' outputs start at zero: the head starts as "the next feature is
+        # this one" (the target's last layer's outputs are far larger than a normed feature)
+        self.o = param(torch.zeros_like(last.self_attn.o_proj.weight, dtype=torch.float32))
         self.gate, self.up = param(gate_up[:width]), param(gate_up[width:])
-        self.down = param(last.mlp.down_proj.weight.detach().float())
+        self.down = param(torch.zeros_like(last.mlp.down_proj.weight, dtype=torch.float32))
         self.post_norm = param(last.post_attention_layernorm.weight.detach().float())
         self.embed = model.embed_tokens.weight.detach().float().clone()
         head = model.lm_head.weight if model.lm_head.tied_to is None else model.embed_tokens.weight
