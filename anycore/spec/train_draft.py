@@ -174,13 +174,14 @@ def train(llm: LLM, sequences: list[list[int]], steps: int, lr: float = 1e-3, ce
 
 
 def measure_acceptance(model: str | None, head: str | Path, prompts: list[list[int]], max_tokens: int,
-                       num_tokens: int = 3, **engine_kwargs) -> dict[str, float]:
+                       num_tokens: int = 3, topk: int = 1, **engine_kwargs) -> dict[str, float]:
     """Greedy generation with the head drafting (no back-off, so every step is measured):
-    accepted / drafted tokens, tokens per verify step, and whether the output equals plain
-    decoding (it must)."""
+    accepted / drafted tokens (a tree: accepted / its depth), tokens per verify step, and whether
+    the output equals plain decoding (it must). ``topk`` > 1: tree drafts."""
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     spec = LLM(model=model, speculative_algorithm="eagle", speculative_model=str(head),
-               num_speculative_tokens=num_tokens, speculative_min_acceptance=0.0, **engine_kwargs)
+               num_speculative_tokens=num_tokens, speculative_eagle_topk=topk, speculative_min_acceptance=0.0,
+               **engine_kwargs)
     t0 = time.perf_counter()
     got = [spec.generate([p], params)[0].token_ids for p in prompts]
     spec_s = time.perf_counter() - t0

@@ -28,3 +28,8 @@ def test_a_trained_head_drafts_its_training_continuations(tmp_path, tokenizer):
                            dtype="float32", kv_cache_gb=0.01)
     assert m["identical"] == 1.0
     assert m["acceptance_rate"] > 0.3, m  # (an untrained head: ~0.01)
+    # as tree drafts (top-2): accepted paths' features feed the head, the others' slots go back
+    tree = measure_acceptance(str(tmp_path / "target"), tmp_path / "head", [s[:12] for s in seqs], 20, topk=2,
+                              dtype="float32", kv_cache_gb=0.01)
+    assert tree["identical"] == 1.0
+    assert tree["acceptance_rate"] > 0.3, tree
