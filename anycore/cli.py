@@ -259,7 +259,7 @@ def build_parser() -> argparse.ArgumentParser:
     td.add_argument("--prompt-len", type=int, default=32)
     td.add_argument("--gen-len", type=int, default=96)
     td.add_argument("--steps", type=int, default=300, help="one sequence per step (default: %(default)s)")
-    td.add_argument("--lr", type=float, default=1e-3)
+    td.add_argument("--lr", type=float, default=3e-4)
     td.add_argument("--ce-weight", type=float, default=1.0, help="token loss weight beside the feature loss")
     td.add_argument("--seed", type=int, default=0)
     td.add_argument("--dtype", default="float32")

@@ -141,7 +141,7 @@ def build_sequences(llm: LLM, token_ids: list[int], num: int, prompt_len: int, g
     return [w + o.token_ids for w, o in zip(windows, outs)]
 
 
-def train(llm: LLM, sequences: list[list[int]], steps: int, lr: float = 1e-3, ce_weight: float = 1.0,
+def train(llm: LLM, sequences: list[list[int]], steps: int, lr: float = 3e-4, ce_weight: float = 1.0,
           seed: int = 0, log=print) -> TrainableHead:
     """Trains a head on ``sequences`` (one sequence per step, cycling), Adam with cosine decay."""
     torch.manual_seed(seed)
@@ -165,6 +165,7 @@ def train(llm: LLM, sequences: list[list[int]], steps: int, lr: float = 1e-3, ce
         loss = loss_h + ce_weight * loss_a
         opt.zero_grad()
         loss.backward()
+        torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
         opt.step()
         if step % max(1, steps // 10) == 0 or step == steps - 1:
             acc = float((logits.argmax(-1) == want_a).float().mean())

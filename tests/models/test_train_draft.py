@@ -21,7 +21,7 @@ def test_a_trained_head_drafts_its_training_continuations(tmp_path, tokenizer):
     ids = [t % 256 for t in tokenizer.encode(TEXT.read_text()[:4000])]
     seqs = build_sequences(llm, ids, 2, 12, 20, True, 0)
     lines: list[str] = []
-    head = train(llm, seqs, 200, log=lines.append)
+    head = train(llm, seqs, 200, lr=1e-3, log=lines.append)
     head.save(tmp_path / "head")
     assert float(lines[-1].split("top-1 ")[1].split()[0]) > 0.5  # (the last step's training accuracy)
     m = measure_acceptance(str(tmp_path / "target"), tmp_path / "head", [s[:12] for s in seqs], 20,
