@@ -15,7 +15,7 @@ GREEDY = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
 # kind, target layers, EAGLE-3 layer ids in the head's config (None: the default 2, L/2, L-3)
 CASES = {"eagle": ("eagle", 2, None), "eagle3-default-layers": ("eagle3", 4, None),
          "eagle3-config-layers": ("eagle3", 2, [0, 1, -1])}
-TREE = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+TREE = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
 
 
 @pytest.fixture(scope="module", params=sorted(CASES))
@@ -105,9 +105,9 @@ def test_tree_drafts_keep_greedy_output_identical(setup):
                speculative_model=folder, num_speculative_tokens=3, speculative_eagle_topk=topk,
                speculative_min_acceptance=0.0)
     expected = [o.token_ids for o in base.generate(PROMPTS, TREE)]
-    for prompt, want in zip(PROMPTS, expected):
+    for prompt, want in zip(PROMPTS[:2], expected):  # alone
         assert tree.generate([prompt], TREE)[0].token_ids == want
-    assert [o.token_ids for o in tree.generate(PROMPTS, TREE)] == expected
+    assert [o.token_ids for o in tree.generate(PROMPTS, TREE)] == expected  # batched
     stats = tree.engine.stats()
     assert stats.spec_verify_steps > 0
     assert_no_slot_leaked(tree)
