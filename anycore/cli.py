@@ -65,13 +65,18 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="seconds a collective may wait before the engine fails (default: %(default)s)")
 
     s = p.add_argument_group("speculative decoding")
-    s.add_argument("--speculative-algorithm", default=d("speculative_algorithm"), choices=["ngram", "draft"],
+    s.add_argument("--speculative-algorithm", default=d("speculative_algorithm"), choices=["ngram", "draft", "eagle", "eagle3"],
                    help="draft tokens and verify them in one step, losslessly (ngram: prompt lookup; draft: a small "
-                        "model, --speculative-model or --speculative-draft-layers; default: off)")
+                        "model, --speculative-model or --speculative-draft-layers; eagle/eagle3: an EAGLE head "
+                        "folder, --speculative-model; default: off)")
     s.add_argument("--speculative-model", default=d("speculative_model"),
-                   help="with --speculative-algorithm draft: a GGUF file or HF folder with the target's vocabulary")
+                   help="with --speculative-algorithm draft: a GGUF file or HF folder with the target's vocabulary; "
+                        "with eagle/eagle3: the EAGLE head's HF folder")
     s.add_argument("--speculative-draft-layers", type=int, default=d("speculative_draft_layers"),
                    help="with --speculative-algorithm draft: draft with the target's first N layers and its head")
+    s.add_argument("--speculative-eagle-topk", type=int, default=d("speculative_eagle_topk"),
+                   help="with eagle/eagle3: > 1 drafts a tree (this many branches per node and nodes per level, "
+                        "--num-speculative-tokens levels) for greedy requests (default: %(default)s, a chain)")
     s.add_argument("--num-speculative-tokens", type=int, default=d("num_speculative_tokens"),
                    help="draft tokens per verify step (default: %(default)s)")
     s.add_argument("--ngram-prompt-lookup-max", type=int, default=d("ngram_prompt_lookup_max"),
@@ -282,6 +287,25 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--dtype", default="bfloat16", help="dtype for the self-check (default: %(default)s)")
     doctor.add_argument("--threads", type=int, default=None, help="threads for the self-check (default: all cores)")
     doctor.set_defaults(func=_doctor)
+
+    td = sub.add_parser("train-draft", help="train an EAGLE head for a model on CPU, report its acceptance")
+    td.add_argument("--model", default=None, help="target (default: the default model)")
+    td.add_argument("--out", required=True, help="folder for the head (config.json + model.safetensors)")
+    td.add_argument("--text", required=True, help="text file: windows of it prompt the target's own generations")
+    td.add_argument("--from-text", action="store_true", help="train on the text itself, not on generations")
+    td.add_argument("--sequences", type=int, default=32, help="training sequences (default: %(default)s)")
+    td.add_argument("--prompt-len", type=int, default=32)
+    td.add_argument("--gen-len", type=int, default=96)
+    td.add_argument("--steps", type=int, default=300, help="one sequence per step (default: %(default)s)")
+    td.add_argument("--lr", type=float, default=3e-4)
+    td.add_argument("--ce-weight", type=float, default=1.0, help="token loss weight beside the feature loss")
+    td.add_argument("--seed", type=int, default=0)
+    td.add_argument("--dtype", default="float32")
+    td.add_argument("--kv-cache-gb", type=float, default=0.25)
+    td.add_argument("--eval-prompts", type=int, default=6, help="held-out windows the acceptance is measured on")
+    td.add_argument("--eval-tokens", type=int, default=64)
+    td.add_argument("--num-speculative-tokens", type=int, default=3)
+    td.set_defaults(func=lambda a: __import__("anycore.spec.train_draft", fromlist=["run_cli"]).run_cli(a))
 
     bench = sub.add_parser("bench", help="benchmarks (latency, throughput, serving, compare, moe)")
     try:

@@ -266,7 +266,8 @@ class EngineConfig:
     # growing number of steps
     speculative_min_acceptance: float = 0.3
     # speculative_algorithm "draft": a small checkpoint sharing the target's vocabulary, or
-    # the target's own first N layers (plus its final norm and head) as a self-draft
+    # the target's own first N layers (plus its final norm and head) as a self-draft;
+    # "eagle" / "eagle3": speculative_model is an EAGLE head's HF folder
     speculative_model: str | None = None
     speculative_draft_layers: int | None = None
     # ---- tensor parallel (anycore/distributed/) ----
@@ -277,6 +278,9 @@ class EngineConfig:
     node_rank: int = 0
     dist_init_addr: str | None = None  # HOST:PORT of rank 0's rendezvous (needed with nnodes > 1)
     dist_timeout: float = 120.0  # seconds a collective may wait before the engine fails (a hung rank)
+    # eagle / eagle3: > 1 drafts a tree (top-k branching, num_speculative_tokens levels deep) for
+    # greedy requests, verified with tree attention; 1: a chain
+    speculative_eagle_topk: int = 1
 
     def speculative_config(self):  # -> anycore.spec.policy.SpeculativeConfig | None
         """The speculative decoding settings (validated), or None when it is off."""
@@ -287,7 +291,8 @@ class EngineConfig:
         return SpeculativeConfig(self.speculative_algorithm, self.num_speculative_tokens,
                                  self.ngram_prompt_lookup_max, self.ngram_prompt_lookup_min,
                                  self.speculative_max_batch, self.speculative_min_acceptance,
-                                 self.speculative_model, self.speculative_draft_layers)
+                                 self.speculative_model, self.speculative_draft_layers,
+                                 self.speculative_eagle_topk)
 
     def resolved_kv_cache_gb(self) -> float:
         if self.kv_cache_gb is not None:
@@ -319,9 +324,10 @@ class EngineConfig:
             raise ValueError(f"node_rank must be in [0, {nodes})")
         if nodes > 1 and not self.dist_init_addr:
             raise ValueError("nnodes > 1 needs dist_init_addr (HOST:PORT of node 0)")
-        if tp > 1 and (self.quantization not in (None, "none") or self.speculative_algorithm == "draft"):
+        if tp > 1 and (self.quantization not in (None, "none")
+                       or self.speculative_algorithm in ("draft", "eagle", "eagle3")):
             raise ValueError("tensor parallel runs dense weights without a draft model (no quantization, "
-                             "no speculative_algorithm='draft') for now")
+                             "no speculative_algorithm 'draft', 'eagle' or 'eagle3') for now")
         if self.dist_timeout <= 0:
             raise ValueError("dist_timeout must be > 0")
 
