@@ -41,10 +41,13 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                         "each streamed as it is made; 0: no native greedy decode; default: %(default)s)")
     g.add_argument("--kernels", default=d("kernels"),
                    help="kernel overrides, e.g. 'torch-native' or 'rms_norm=generic'")
-    g.add_argument("--quantization", default=d("quantization"), choices=["w8a8_int8", "gguf"],
-                   help="w8a8_int8: quantize linear layers at load time (pre-quantized checkpoints need no flag); "
-                        "gguf: a GGUF file's Q4_0/Q4_1/Q8_0 projections run in their own blocks (int8 "
-                        "activations), not dequantized to --dtype")
+    g.add_argument("--quantization", default=d("quantization"), choices=["none", "w8a8_int8", "gguf"],
+                   help="default (auto): a GGUF file's quantized projections run in their own blocks with "
+                        "--dtype bfloat16, other checkpoints as they are; "
+                        "gguf: a GGUF file's Q4_0/Q4_1/Q5_0/Q8_0/Q4_K/Q5_K/Q6_K projections run in their own "
+                        "blocks (int8 activations), not dequantized to --dtype; none: dense weights (a GGUF file "
+                        "dequantized to --dtype); w8a8_int8: quantize linear layers at load time (pre-quantized "
+                        "checkpoints need no flag)")
     g.add_argument("--quantize-lm-head", action="store_true", default=d("quantize_lm_head"),
                    help="with --quantization: the logits head too (not written by `anycore quantize`)")
     g.add_argument("--quantize-embedding", action="store_true", default=d("quantize_embedding"),
@@ -65,13 +68,18 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                         "possible (default: %(default)s)")
 
     s = p.add_argument_group("speculative decoding")
-    s.add_argument("--speculative-algorithm", default=d("speculative_algorithm"), choices=["ngram", "draft"],
+    s.add_argument("--speculative-algorithm", default=d("speculative_algorithm"), choices=["ngram", "draft", "eagle", "eagle3"],
                    help="draft tokens and verify them in one step, losslessly (ngram: prompt lookup; draft: a small "
-                        "model, --speculative-model or --speculative-draft-layers; default: off)")
+                        "model, --speculative-model or --speculative-draft-layers; eagle/eagle3: an EAGLE head "
+                        "folder, --speculative-model; default: off)")
     s.add_argument("--speculative-model", default=d("speculative_model"),
-                   help="with --speculative-algorithm draft: a GGUF file or HF folder with the target's vocabulary")
+                   help="with --speculative-algorithm draft: a GGUF file or HF folder with the target's vocabulary; "
+                        "with eagle/eagle3: the EAGLE head's HF folder")
     s.add_argument("--speculative-draft-layers", type=int, default=d("speculative_draft_layers"),
                    help="with --speculative-algorithm draft: draft with the target's first N layers and its head")
+    s.add_argument("--speculative-eagle-topk", type=int, default=d("speculative_eagle_topk"),
+                   help="with eagle/eagle3: > 1 drafts a tree (this many branches per node and nodes per level, "
+                        "--num-speculative-tokens levels) for greedy requests (default: %(default)s, a chain)")
     s.add_argument("--num-speculative-tokens", type=int, default=d("num_speculative_tokens"),
                    help="draft tokens per verify step (default: %(default)s)")
     s.add_argument("--ngram-prompt-lookup-max", type=int, default=d("ngram_prompt_lookup_max"),
@@ -166,7 +174,7 @@ def _eval(args: argparse.Namespace) -> int:
 
         scorer = Engine(engine_config(args))
         ids = tokenize_file(scorer, args.dataset, args.max_tokens)
-        label = f"dtype {args.dtype}, quantization {args.quantization or 'none'}"
+        label = f"dtype {args.dtype}, quantization {args.quantization or 'auto'}"
     r = perplexity(scorer, ids, args.ctx)
     print(f"perplexity {r.perplexity:.4f} over {r.tokens_scored} scored tokens ({r.windows} windows of {r.ctx}, "
           f"first {len(ids)} tokens of {args.dataset}; {label}) in {r.seconds:.1f}s")
@@ -185,15 +193,17 @@ def _agreement(args: argparse.Namespace) -> int:
     from anycore.llm import LLM
 
     config = engine_config(args)
-    ref_config = replace(config, quantization=None, dtype=args.reference_dtype or config.dtype)
-    if ref_config == config:
+    ref_config = replace(config, quantization="none", dtype=args.reference_dtype or config.dtype)
+    # the default quantization serves a quantized GGUF file's blocks in bf16 only (dense in fp32)
+    dense = config.quantization == "none" or (config.quantization is None and config.dtype == "float32")
+    if ref_config == replace(config, quantization="none") and dense:
         print("eval agreement needs a candidate that differs from its reference: pass --quantization "
               "or a --reference-dtype other than --dtype", file=sys.stderr)
         return 2
     reference = LLM.from_config(ref_config)
     candidate = LLM.from_config(config)
     r = greedy_agreement(reference, candidate, max_tokens=args.tokens, chat=not args.plain)
-    print(f"greedy agreement, {args.dtype} {config.quantization or 'dense'} vs {ref_config.dtype} dense: "
+    print(f"greedy agreement, {args.dtype} {config.quantization or 'auto'} vs {ref_config.dtype} dense: "
           f"{r.position_agreement:.1%} of {r.prompts}x{r.max_tokens} positions before the first divergence; "
           f"{r.identical:.1%} of prompts identical")
     print(f"teacher-forced: the candidate's greedy token equals the reference's at {r.teacher_forced:.1%} of "
@@ -280,6 +290,25 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--dtype", default="bfloat16", help="dtype for the self-check (default: %(default)s)")
     doctor.add_argument("--threads", type=int, default=None, help="threads for the self-check (default: all cores)")
     doctor.set_defaults(func=_doctor)
+
+    td = sub.add_parser("train-draft", help="train an EAGLE head for a model on CPU, report its acceptance")
+    td.add_argument("--model", default=None, help="target (default: the default model)")
+    td.add_argument("--out", required=True, help="folder for the head (config.json + model.safetensors)")
+    td.add_argument("--text", required=True, help="text file: windows of it prompt the target's own generations")
+    td.add_argument("--from-text", action="store_true", help="train on the text itself, not on generations")
+    td.add_argument("--sequences", type=int, default=32, help="training sequences (default: %(default)s)")
+    td.add_argument("--prompt-len", type=int, default=32)
+    td.add_argument("--gen-len", type=int, default=96)
+    td.add_argument("--steps", type=int, default=300, help="one sequence per step (default: %(default)s)")
+    td.add_argument("--lr", type=float, default=3e-4)
+    td.add_argument("--ce-weight", type=float, default=1.0, help="token loss weight beside the feature loss")
+    td.add_argument("--seed", type=int, default=0)
+    td.add_argument("--dtype", default="float32")
+    td.add_argument("--kv-cache-gb", type=float, default=0.25)
+    td.add_argument("--eval-prompts", type=int, default=6, help="held-out windows the acceptance is measured on")
+    td.add_argument("--eval-tokens", type=int, default=64)
+    td.add_argument("--num-speculative-tokens", type=int, default=3)
+    td.set_defaults(func=lambda a: __import__("anycore.spec.train_draft", fromlist=["run_cli"]).run_cli(a))
 
     bench = sub.add_parser("bench", help="benchmarks (latency, throughput, serving, compare, moe)")
     try:

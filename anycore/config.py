@@ -239,7 +239,10 @@ class EngineConfig:
     # many tokens' time (Scheduler.schedule(max_steps), engine/native_executor.py)
     decode_burst: int = 1
     kernels: str | None = None  # override string for the kernel table, e.g. "torch-native"
-    quantization: str | None = None  # e.g. "w8a8_int8" (online); pre-quantized checkpoints say so themselves
+    # None (auto): a GGUF file's quantized projections run in their own blocks ("gguf") when the
+    # dtype is bfloat16, other checkpoints as they say; "none": dequantized / dense weights;
+    # "w8a8_int8" (online); pre-quantized checkpoints say so themselves
+    quantization: str | None = None
     # online quantization only: the logits head too (int8, smoothed; +0.2% perplexity on
     # SmolLM2-135M, a quarter of a bf16 decode step's bytes there); off by default
     quantize_lm_head: bool = False
@@ -263,7 +266,8 @@ class EngineConfig:
     # growing number of steps
     speculative_min_acceptance: float = 0.3
     # speculative_algorithm "draft": a small checkpoint sharing the target's vocabulary, or
-    # the target's own first N layers (plus its final norm and head) as a self-draft
+    # the target's own first N layers (plus its final norm and head) as a self-draft;
+    # "eagle" / "eagle3": speculative_model is an EAGLE head's HF folder
     speculative_model: str | None = None
     speculative_draft_layers: int | None = None
     # ---- tensor parallel (anycore/distributed/) ----
@@ -277,6 +281,9 @@ class EngineConfig:
     # the row-parallel all-reduce: "shm" (one host's shared memory, anycore/distributed/shm.py),
     # "gloo", or "auto" (shm when every rank is on one host and the op is available)
     dist_all_reduce: str = "auto"
+    # eagle / eagle3: > 1 drafts a tree (top-k branching, num_speculative_tokens levels deep) for
+    # greedy requests, verified with tree attention; 1: a chain
+    speculative_eagle_topk: int = 1
 
     def speculative_config(self):  # -> anycore.spec.policy.SpeculativeConfig | None
         """The speculative decoding settings (validated), or None when it is off."""
@@ -287,7 +294,8 @@ class EngineConfig:
         return SpeculativeConfig(self.speculative_algorithm, self.num_speculative_tokens,
                                  self.ngram_prompt_lookup_max, self.ngram_prompt_lookup_min,
                                  self.speculative_max_batch, self.speculative_min_acceptance,
-                                 self.speculative_model, self.speculative_draft_layers)
+                                 self.speculative_model, self.speculative_draft_layers,
+                                 self.speculative_eagle_topk)
 
     def resolved_kv_cache_gb(self) -> float:
         if self.kv_cache_gb is not None:
@@ -304,9 +312,9 @@ class EngineConfig:
             raise ValueError("decode_burst must be >= 0")
         if self.kv_cache_gb is not None and self.kv_cache_gb <= 0:
             raise ValueError("kv_cache_gb must be > 0")
-        if self.quantize_lm_head and not self.quantization:
+        if self.quantize_lm_head and self.quantization in (None, "none"):
             raise ValueError("quantize_lm_head needs online quantization (quantization='w8a8_int8')")
-        if self.quantize_embedding and not self.quantization:
+        if self.quantize_embedding and self.quantization in (None, "none"):
             raise ValueError("quantize_embedding needs online quantization (quantization='w8a8_int8')")
         self.speculative_config()  # (raises on a bad speculative setting)
         self._check_parallel()
@@ -319,9 +327,10 @@ class EngineConfig:
             raise ValueError(f"node_rank must be in [0, {nodes})")
         if nodes > 1 and not self.dist_init_addr:
             raise ValueError("nnodes > 1 needs dist_init_addr (HOST:PORT of node 0)")
-        if tp > 1 and (self.quantization or self.speculative_algorithm == "draft"):
+        if tp > 1 and (self.quantization not in (None, "none")
+                       or self.speculative_algorithm in ("draft", "eagle", "eagle3")):
             raise ValueError("tensor parallel runs dense weights without a draft model (no quantization, "
-                             "no speculative_algorithm='draft') for now")
+                             "no speculative_algorithm 'draft', 'eagle' or 'eagle3') for now")
         if self.dist_timeout <= 0:
             raise ValueError("dist_timeout must be > 0")
         if self.dist_all_reduce not in ("auto", "shm", "gloo"):

@@ -81,8 +81,9 @@ def run_doctor(features: CpuFeatures | None = None, overrides: str | None = None
                  "shard's layers op by op (the native stack has no collectives inside); all-reduce below")
     gguf = sel.impl("gguf_linear")
     gguf_native = ext.available and gguf in ext.variants
-    lines.append(f"  {'(gguf blocks)':<{width}}  {gguf:<12}  --quantization gguf: a GGUF file's Q4_0/Q4_1/Q8_0 "
-                 "projections stay in their blocks (int8 activations per 32-block); "
+    lines.append(f"  {'(gguf blocks)':<{width}}  {gguf:<12}  a quantized GGUF file with --dtype bfloat16 (default; "
+                 "--quantization gguf): its Q4_0/Q4_1/Q5_0/Q8_0/Q4_K/Q5_K/Q6_K projections stay in their blocks "
+                 "(int8 activations per 32-block), other types dequantized (--quantization none: all); "
                  + ("in the native decoder stack and decode team" if gguf_native and not unfused
                     else "op by op from Python"))
     warnings += sel.warnings
@@ -157,4 +158,9 @@ def self_check_section(model: str | None, dtype: str, threads: int | None) -> st
         return f"self-check  not run: {e}\n"
     finally:
         quiet.setLevel(level)
-    return f"self-check  {engine.model_name}: {check.summary()}\n"
+    line = f"self-check  {engine.model_name}: {check.summary()}\n"
+    if engine.quantization == "gguf":
+        from anycore.engine.engine import gguf_summary
+
+        line += f"            gguf: {gguf_summary(engine.model, engine.runner.native.stack(engine.dtype) is not None)}\n"
+    return line

@@ -27,6 +27,7 @@ from anycore.layers.embedding import LogitsHead, VocabEmbedding
 from anycore.layers.moe import StackedExperts
 from anycore.layers.quant import (
     GGUF,
+    NONE,
     linear_method_factory,
     quantize_online,
     release_free_heap,
@@ -40,6 +41,7 @@ from anycore.sampling_params import SamplingParams
 from anycore.scheduler.request import Request, TokenLogprob
 from anycore.scheduler.scheduler import ScheduledRequest, Scheduler, SchedulerOutput
 from anycore.spec.draft_model import DraftModelSpeculator, load_draft_model
+from anycore.spec.eagle import EagleSpeculator
 from anycore.spec.policy import Speculator
 
 log = logging.getLogger("anycore")
@@ -72,8 +74,12 @@ def gguf_summary(model: torch.nn.Module, native_stack: bool) -> str:
 
     kinds = Counter(format_name(m.qtype) if m.method.name == GGUF else "dense (no block kernel for its type)"
                     for m in model.modules() if isinstance(m, Linear))
+    impls = {m.kernels.choices.get("gguf_linear") for m in model.modules()
+             if isinstance(m, Linear) and m.method.name == GGUF and getattr(m, "kernels", None) is not None}
+    kernel = f"gguf_linear on {', '.join(sorted(i for i in impls if i))}; " if impls else ""
     where = "in the native decoder stack" if native_stack else "op by op"
-    return f"projections {', '.join(f'{n} {k}' for k, n in sorted(kinds.items()))}; {where}; embedding and logits head dense"
+    return (f"projections {', '.join(f'{n} {k}' for k, n in sorted(kinds.items()))}; {kernel}{where}; "
+            "embedding and logits head dense")
 
 
 class Engine:
@@ -108,7 +114,10 @@ class Engine:
         # (not under TP: every rank must keep the thread count its placement gave it)
         self.thread_governor = (ThreadGovernor(torch.get_num_threads())
                                 if config.adaptive_threads and self.parallel is None else None)
-        self.quantization, prequantized = resolve_quantization(config.quantization, source.hf_config, source.format)
+        # TP shards dense weights only, so the automatic choice never picks a GGUF file's blocks there
+        requested = NONE if self.parallel is not None and config.quantization is None else config.quantization
+        self.quantization, prequantized = resolve_quantization(requested, source.hf_config, source.format,
+                                                               self.dtype, source.has_blocks)
         weights = tqdm(source.weights(self.dtype, native_blocks=self.quantization == GGUF),
                        total=len(source.weight_names), desc="loading weights", unit="tensor", disable=None, leave=False)
         if (config.quantize_lm_head or config.quantize_embedding) and prequantized:
@@ -131,6 +140,10 @@ class Engine:
             draft = load_draft_model(config.model, mc, self.ops, self.dtype, max_len, spec.draft_model,
                                      spec.draft_layers)
             self.speculator = DraftModelSpeculator(spec, draft, self.ops, num_slots, self.dtype)
+        elif spec is not None and spec.algorithm.startswith("eagle"):
+            if not hasattr(self.model, "_run_layers"):
+                raise ValueError(f"{mc.architecture} cannot expose the hidden states EAGLE drafts from")
+            self.speculator = EagleSpeculator(spec, self.model, self.ops, num_slots, self.dtype, max_len)
         elif spec is not None:
             self.speculator = Speculator(spec)
         self.scheduler = Scheduler(self.kv, config.max_num_batched_tokens, config.max_num_seqs, config.policy,
@@ -138,6 +151,8 @@ class Engine:
         self.runner = ModelRunner(self._runner_model(), self.kv_pool, self.ops)
         if self.parallel is not None:  # (no native stack nor native greedy decode: no collectives in them)
             self.runner.native.enabled = False
+        if isinstance(self.speculator, EagleSpeculator):
+            self.runner.capture_layers = self.speculator.capture_layers
         del weights, source  # drops the parsed model file (and its mapped pages) before calibrating
         release_free_heap()
         if self.quantization and not prequantized:
@@ -276,7 +291,9 @@ class Engine:
     def step(self) -> list[StepOutput]:
         """schedule -> execute -> update, for every step kind alike (prefill chunks and decodes
         mixed, or one multi-step greedy decode)."""
-        out = self.scheduler.schedule(self.runner.max_steps(self.config.decode_burst))
+        eagle = self.speculator if isinstance(self.speculator, EagleSpeculator) else None
+        # (EAGLE needs the target's features of every position: no native multi-step decode)
+        out = self.scheduler.schedule(0 if eagle else self.runner.max_steps(self.config.decode_burst))
         if out.is_empty:
             return []
         gov = self.thread_governor
@@ -284,6 +301,9 @@ class Engine:
             torch.set_num_threads(gov.threads)  # (another engine in this process changed it)
         t0 = time.perf_counter()
         sampled, logprobs, prompt_lps = self.runner.execute(out)
+        if eagle is not None:
+            eagle.add_features(out, self.runner.features)
+            self.runner.features = None
         for rid, piece in prompt_lps.items():
             req = self._requests.get(rid)
             if req is not None:

@@ -18,6 +18,7 @@ from anycore.kernels.ops import KernelOps
 from anycore.layers.forward_batch import ForwardBatch
 from anycore.scheduler.request import TokenLogprob
 from anycore.scheduler.scheduler import ScheduledRequest, SchedulerOutput
+from anycore.spec.tree import ancestor_mask
 
 
 class KVPool:
@@ -84,6 +85,10 @@ class ModelRunner:
         self.k_layers = list(kv.k.unbind(0))  # per-layer views of the pool
         self.v_layers = list(kv.v.unbind(0))
         self.slot_rows = SlotRows()
+        # target hidden states an EAGLE head drafts from (ForwardBatch.capture_layers); None: off.
+        # After each step ``features`` holds (q_start_loc, captured rows) of the batch.
+        self.capture_layers: tuple[int, ...] | None = None
+        self.features: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def build_batch(self, out: SchedulerOutput) -> ForwardBatch:
         sched = out.scheduled
@@ -112,6 +117,9 @@ class ModelRunner:
                     input_ids[q_start[i] : q_start[i + 1]] = s.request.all_token_ids[s.start : s.start + s.num_new_tokens]
         slot_table = self._slot_table(sched, seq_lens)
         slot_mapping = slot_table[np.repeat(np.arange(b), n_new), positions]
+        tree_mask = None
+        if not out.all_decode and any(s.draft_parents is not None for s in sched):
+            positions, tree_mask = self._tree_rows(sched, positions, q_start, n_new)
         sample_rows = [i for i, s in enumerate(sched) if s.sample]
         logits_indices = q_start[1:][sample_rows] - 1
         t = torch.from_numpy
@@ -127,7 +135,26 @@ class ModelRunner:
             v_cache=self.v_layers,
             k_pool=self.kv.k,
             v_pool=self.kv.v,
+            tree_mask=tree_mask,
         )
+
+    @staticmethod
+    def _tree_rows(sched, positions: np.ndarray, q_start: np.ndarray, n_new: np.ndarray):
+        """Tree verifies: each node at start + its depth (its slot stays the next in the slot
+        list, already mapped), and the attention mask: causal rows for every other request."""
+        positions = positions.copy()
+        width = int(n_new.max())
+        mask = torch.ones(width, width, dtype=torch.bool).tril()
+        rows = []
+        for i, s in enumerate(sched):
+            n = int(n_new[i])
+            if s.draft_parents is None:
+                rows.append(mask[:n])
+                continue
+            tree = ancestor_mask(s.draft_parents)
+            rows.append(torch.nn.functional.pad(tree, (0, width - n)))
+            positions[q_start[i] + 1 : q_start[i + 1]] = s.start + np.asarray(s.draft_tokens.depths)
+        return positions, torch.cat(rows)
 
     def _slot_table(self, sched, seq_lens: np.ndarray) -> np.ndarray:
         """[batch, max seq_len] slots of each request (0-padded); one request: a view of its row."""
@@ -158,7 +185,11 @@ class ModelRunner:
         layout = logits_layout(out.scheduled)
         if layout is not None:  # some rows want every new token's logits (prompt logprobs, drafts)
             batch.logits_indices = layout.indices
-        hidden = self.model(batch, self.native.layers_fn(batch))
+        batch.capture_layers = self.capture_layers
+        # (the native stack has no tree mask: a tree verify runs op by op)
+        hidden = self.model(batch, self.native.layers_fn(batch) if batch.tree_mask is None else None)
+        if batch.captured is not None:
+            self.features = (batch.q_start_loc, batch.captured)
         prompt_lps: dict[str, PromptLogprobPiece] = {}
         full_hidden = hidden
         if layout is not None:

@@ -15,6 +15,7 @@ import torch
 
 from anycore.engine.prompt_logprobs import VerifySpan
 from anycore.engine.sampler import SamplingBatch, _filter, apply_penalties, argmax_rows
+from anycore.spec.tree import verify_tree_greedy
 from anycore.spec.verify import verify_greedy, verify_sampled
 
 
@@ -30,6 +31,13 @@ def verify_drafts(spans: list[VerifySpan], hidden: torch.Tensor,
         block = logits[at : at + v.count]
         at += v.count
         draft = v.scheduled.draft_tokens
+        if v.scheduled.draft_parents is not None:  # a tree: greedy requests only (the speculator's rule)
+            assert req.params.temperature == 0.0, "tree drafts are verified greedily"
+            batch = SamplingBatch.from_requests([req] * v.count)
+            tokens, v.scheduled.tree_path = verify_tree_greedy(argmax_rows(apply_penalties(block, batch)).tolist(),
+                                                               draft)  # type: ignore[arg-type]
+            out[req.request_id] = tokens
+            continue
         if req.plain_greedy:
             out[req.request_id] = verify_greedy(argmax_rows(block).tolist(), draft)
             continue

@@ -6,15 +6,21 @@ them, rows permuted at most):
 
 - ``Q4_0`` (ggml type 2), 18 bytes: fp16 ``d``, 16 bytes of nibbles; ``w = d * (q - 8)``
 - ``Q4_1`` (type 3), 20 bytes: fp16 ``d``, fp16 ``m``, 16 bytes of nibbles; ``w = d * q + m``
+- ``Q5_0`` (type 6), 22 bytes: fp16 ``d``, uint32 ``qh`` (bit ``e``: element ``e``'s fifth bit),
+  16 bytes of nibbles; ``w = d * (q - 16)``
 - ``Q8_0`` (type 8), 34 bytes: fp16 ``d``, 32 int8 ``q``; ``w = d * q``
+- ``Q4_K``, ``Q5_K``, ``Q6_K`` (types 12, 13, 14): 256-weight super-blocks of 144, 176 and 210
+  bytes (anycore/kernels/gguf_kquants.py), eight 32-weight sub-blocks each with its own scale (and
+  minimum; Q6_K: one int8 scale per 16 weights)
 
 Nibbles: byte ``j`` holds element ``j`` in its low 4 bits and element ``j + 16`` in its high 4.
-Every format is ``w = dw * q + mw`` per block (Q4_0: ``mw = -8 dw``; Q8_0: ``mw = 0``).
+Every format is ``w = dw * q + mw`` per 32-block, ``dw`` taken per half of 16 (the halves' scales
+differ only in Q6_K; Q4_0: ``mw = -8 dw``; Q5_0: ``-16 dw``; Q8_0, Q6_K: ``mw = 0``, ``q`` signed).
 
 Activations are quantized per 32-block (llama.cpp's Q8_1 idea): ``dx = max(|x|, 1e-12) / 127``,
 ``qx = round_half_even(x / dx)``, and ``sx = dx * sum(qx)``. Then one output is
 
-    y = sum over blocks of  dw * dx * sum(q * qx)  +  mw * sx
+    y = sum over blocks and halves of  dw * dx * sum(q * qx)  +  sum over blocks of  mw * sx
 
 with ``sum(q * qx)`` exact in int32: that is what every implementation computes (the float
 order of the sum over blocks differs, so results agree to float rounding, not bit for bit).
@@ -31,11 +37,17 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from anycore.kernels import gguf_kquants as K
+
 BLOCK = 32
 INT8_MAX_ROWS = 16  # csrc/common/kernel_table.h kGgufInt8MaxRows
-Q4_0, Q4_1, Q8_0 = 2, 3, 8
-# ggml type id -> (name, bytes per 32-weight block)
-FORMATS: dict[int, tuple[str, int]] = {Q4_0: ("Q4_0", 18), Q4_1: ("Q4_1", 20), Q8_0: ("Q8_0", 34)}
+Q4_0, Q4_1, Q5_0, Q8_0 = 2, 3, 6, 8
+Q4_K, Q5_K, Q6_K = K.Q4_K, K.Q5_K, K.Q6_K
+# ggml type id -> (name, bytes per block, weights per block)
+FORMATS: dict[int, tuple[str, int, int]] = {
+    Q4_0: ("Q4_0", 18, 32), Q4_1: ("Q4_1", 20, 32), Q5_0: ("Q5_0", 22, 32), Q8_0: ("Q8_0", 34, 32),
+    Q4_K: ("Q4_K", 144, 256), Q5_K: ("Q5_K", 176, 256), Q6_K: ("Q6_K", 210, 256),
+}
 # rows of activations one call of the torch-native path handles at once (bounds its [M, N, blocks]
 # temporary)
 _TORCH_ROWS = 16
@@ -44,41 +56,75 @@ _TORCH_ROWS = 16
 def block_bytes(qtype: int) -> int:
     if qtype not in FORMATS:
         raise ValueError(f"unsupported GGUF block type {qtype} (supported: "
-                         f"{', '.join(f'{n} ({t})' for t, (n, _) in FORMATS.items())})")
+                         f"{', '.join(f'{n} ({t})' for t, (n, *_) in FORMATS.items())})")
     return FORMATS[qtype][1]
 
 
+def block_elems(qtype: int) -> int:
+    block_bytes(qtype)
+    return FORMATS[qtype][2]
+
+
 def in_features(qweight: torch.Tensor, qtype: int) -> int:
-    """K of a block weight ``uint8 [N, K / 32 * block_bytes]``."""
+    """K of a block weight ``uint8 [N, K / block_elems * block_bytes]``."""
     bb = block_bytes(qtype)
     if qweight.dim() != 2 or qweight.dtype != torch.uint8 or qweight.shape[1] % bb:
         raise ValueError(f"a {FORMATS[qtype][0]} weight is uint8 [N, blocks * {bb}]; got "
                          f"{qweight.dtype} {tuple(qweight.shape)}")
-    return qweight.shape[1] // bb * BLOCK
+    return qweight.shape[1] // bb * block_elems(qtype)
 
 
 def decode_blocks(qweight: torch.Tensor, qtype: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(q [N, nb, 32] int16, dw [N, nb] fp32, mw [N, nb] fp32)`` with ``w = dw * q + mw``."""
+    """``(q [N, nb, 32] int16, dw [N, nb, 2] fp32, mw [N, nb] fp32)`` per 32-block ``nb``, with
+    ``w = dw[half] * q + mw`` (half = element // 16)."""
+    if block_elems(qtype) != BLOCK:
+        return K.decode(qweight, qtype)
     bb = block_bytes(qtype)
     n = qweight.shape[0]
     blocks = qweight.reshape(n, -1, bb)
     d = blocks[..., 0:2].contiguous().view(torch.float16).squeeze(-1).float()
+    dw = d[..., None].expand(*d.shape, 2)
     if qtype == Q8_0:
         q = blocks[..., 2:].contiguous().view(torch.int8).to(torch.int16)
-        return q, d, torch.zeros_like(d)
-    start = 2 if qtype == Q4_0 else 4
+        return q, dw, torch.zeros_like(d)
+    start = {Q4_0: 2, Q4_1: 4, Q5_0: 6}[qtype]
     nibbles = blocks[..., start:].to(torch.int16)
     q = torch.cat([nibbles & 0x0F, nibbles >> 4], dim=-1)
     if qtype == Q4_0:
-        return q, d, -8.0 * d
+        return q, dw, -8.0 * d
+    if qtype == Q5_0:  # the fifth bits: bit e of the little-endian uint32 qh is element e's
+        qh = blocks[..., 2:6].to(torch.int64)
+        qh = qh[..., 0] | (qh[..., 1] << 8) | (qh[..., 2] << 16) | (qh[..., 3] << 24)
+        bits = (qh[..., None] >> torch.arange(32)) & 1
+        return q | (bits.to(torch.int16) << 4), dw, -16.0 * d
     m = blocks[..., 2:4].contiguous().view(torch.float16).squeeze(-1).float()
-    return q, d, m
+    return q, dw, m
 
 
 def dequantize(qweight: torch.Tensor, qtype: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """The float weight ``[N, K]`` (what loading without native blocks would have produced)."""
     q, dw, mw = decode_blocks(qweight, qtype)
-    return (q.float() * dw[..., None] + mw[..., None]).reshape(qweight.shape[0], -1).to(dtype)
+    dw32 = dw.repeat_interleave(BLOCK // 2, dim=-1)
+    return (q.float() * dw32 + mw[..., None]).reshape(qweight.shape[0], -1).to(dtype)
+
+
+# formats that re-encode losslessly as Q8_0 (the same fp16 d, the offset folded into int8 q)
+_AS_Q8_0 = {Q4_0: 8, Q5_0: 16, Q8_0: 0}
+
+
+def as_q8_0(qweight: torch.Tensor, qtype: int) -> torch.Tensor | None:
+    """Q4_0 / Q5_0 blocks rewritten as the Q8_0 blocks of the same weights (``w = d * (q - 8)``
+    is ``d * q8`` with ``q8 = q - 8``: exact); None for a format that has no such form. Lets a
+    merged projection whose shards mix these types (Gemma 3's Q5_0 q/k with a Q8_0 v) stay blocks."""
+    if qtype not in _AS_Q8_0:
+        return None
+    if qtype == Q8_0:
+        return qweight
+    n = qweight.shape[0]
+    blocks = qweight.reshape(n, -1, block_bytes(qtype))
+    q, _, _ = decode_blocks(qweight, qtype)
+    q8 = (q - _AS_Q8_0[qtype]).to(torch.int8).view(torch.uint8)
+    return torch.cat([blocks[..., 0:2], q8], dim=-1).reshape(n, -1)
 
 
 def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -100,8 +146,10 @@ def gguf_linear_reference(x: torch.Tensor, qweight: torch.Tensor, qtype: int,
         return _dense(x, qweight, qtype, bias)
     qx, dx, sx = quantize_activations(x.reshape(-1, k))
     q, dw, mw = decode_blocks(qweight, qtype)
-    isum = torch.einsum("mbk,nbk->mnb", qx.long(), q.long()).double()
-    y = (isum * dw.double()[None] * dx.double()[:, None]).sum(-1) + sx.double() @ mw.double().t()
+    halves = BLOCK // 2
+    qxh, qh = qx.reshape(*qx.shape[:2], 2, halves), q.reshape(*q.shape[:2], 2, halves)
+    isum = torch.einsum("mbhk,nbhk->mnbh", qxh.long(), qh.long()).double()
+    y = (isum * dw.double()[None] * dx.double()[:, None, :, None]).sum((-1, -2)) + sx.double() @ mw.double().t()
     if bias is not None:
         y = y + bias.double()
     return y.to(x.dtype).reshape(*lead, qweight.shape[0])
@@ -117,12 +165,16 @@ def gguf_linear_torch(x: torch.Tensor, qweight: torch.Tensor, qtype: int,
     if x2.shape[0] > INT8_MAX_ROWS:
         return _dense(x, qweight, qtype, bias)
     q, dw, mw = decode_blocks(qweight, qtype)
-    qf = q.float().permute(1, 2, 0)  # [nb, 32, N]
+    n, halves = qweight.shape[0], BLOCK // 2
+    qf = q.float().reshape(n, -1, halves).permute(1, 2, 0)  # [2 nb, 16, N]
+    dwh = dw.reshape(n, -1).t()  # [2 nb, N]
     out = []
     for r in range(0, x2.shape[0], _TORCH_ROWS):
         qx, dx, sx = quantize_activations(x2[r : r + _TORCH_ROWS])
-        isum = torch.bmm(qx.float().transpose(0, 1), qf)  # [nb, m, N]
-        y = (isum * (dx.t()[:, :, None] * dw.t()[:, None, :])).sum(0) + sx @ mw.t()
+        m = qx.shape[0]
+        isum = torch.bmm(qx.float().reshape(m, -1, halves).transpose(0, 1), qf)  # [2 nb, m, N]
+        dxh = dx.repeat_interleave(2, dim=1).t()  # [2 nb, m]
+        y = (isum * (dxh[:, :, None] * dwh[:, None, :])).sum(0) + sx @ mw.t()
         out.append(y)
     y = torch.cat(out) if out else x2.new_zeros(0, qweight.shape[0], dtype=torch.float32)
     if bias is not None:

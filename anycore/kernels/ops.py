@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import torch
 
 from anycore.kernels import gguf, int8, moe, moe_int8, reference, shm_all_reduce, torch_native
+from anycore.kernels.tree_attention import tree_attention_reference, tree_attention_torch
 
 # C++ kernel families (csrc/common/kernel_table.h ANYCORE_<FAMILY>_KERNELS, int8_impl.h, gguf_impl.h):
 # a native variant declares ops by family in anycore/platform/selection.py
@@ -122,6 +123,11 @@ OP_SPECS: tuple[OpSpec, ...] = (
     OpSpec("paged_attention_window", reference.paged_attention_window, torch_native.paged_attention_window,
            doc="paged_attention_window(q, k_cache, v_cache, q_start_loc, seq_lens, slot_table, scale, window, "
                "softcap): sliding-window (window > 0) and/or soft-capped (softcap > 0) paged attention"),
+    # speculative tree verification (anycore/spec/tree.py): torch-native only so far
+    OpSpec("tree_attention", tree_attention_reference, tree_attention_torch,
+           doc="tree_attention(q, k_cache, v_cache, q_start_loc, seq_lens, slot_table, mask [T, max new] bool, "
+               "scale): paged attention whose new tokens see each other only where mask says "
+               "(anycore.kernels.tree_attention)"),
     OpSpec("gguf_linear", reference.gguf_linear, gguf.gguf_linear_torch, "gguf", _gguf_native_when,
            doc="gguf_linear(x, qweight, qtype, bias=None): qweight the GGUF file's blocks uint8 [N, K/32 * "
                "block bytes] of ggml type qtype (Q4_0, Q4_1, Q8_0; anycore.kernels.gguf), int8 activations"),

@@ -32,6 +32,12 @@ class PagedAttention(nn.Module):
         k_cache.index_copy_(0, batch.slot_mapping, k.reshape(t, self.num_kv_heads, self.head_dim))
         v_cache.index_copy_(0, batch.slot_mapping, v.reshape(t, self.num_kv_heads, self.head_dim))
         q = q.view(t, self.num_heads, self.head_dim)
+        if batch.tree_mask is not None:
+            if self.sliding_window or self.softcap:
+                raise ValueError("tree drafts need plain attention (no sliding window, no softcap)")
+            out = self.ops.tree_attention(q, k_cache, v_cache, batch.q_start_loc, batch.seq_lens, batch.slot_table,
+                                          batch.tree_mask, self.scale)
+            return out.view(t, self.num_heads * self.head_dim)
         view = decode_window_view(batch, self.sliding_window) if self.sliding_window and not self.softcap else None
         if view is not None:
             # every row a decode: its window is exactly a sequence of the window's slots whose

@@ -34,3 +34,12 @@ class ForwardBatch:
     # sliding window -> (seq_lens, slot_table) of the window's slots for a decode-only batch, or
     # None (anycore.layers.attention.decode_window_view; made once per batch, shared by layers)
     window_views: dict[int, tuple[torch.Tensor, torch.Tensor] | None] = field(default_factory=dict)
+    # EAGLE drafting (anycore/spec/eagle.py) reads target hidden states of every new row. None
+    # (the default): nothing captured, no cost. () : the final normed hidden state (EAGLE-1/2);
+    # layer indices: the residual stream entering each of those layers, concatenated (EAGLE-3;
+    # index num_layers = the stream after the last layer). The model writes them to ``captured``.
+    capture_layers: tuple[int, ...] | None = None
+    # a speculative tree verify in the batch: [T, max new tokens] which new tokens of its own
+    # request each row sees (the tree_attention op; causal rows for the other requests)
+    tree_mask: torch.Tensor | None = None
+    captured: torch.Tensor | None = None

@@ -235,6 +235,10 @@ def open_gguf(path: Path) -> ModelSource:
             arr = _unpermute(arr, config.num_kv_heads)
         return GGUFBlocks(qtype, torch.from_numpy(np.array(arr, dtype=np.uint8, copy=True)))
 
+    from anycore.kernels.gguf import FORMATS
+
+    has_blocks = any(n.endswith("_proj.weight") and int(t.tensor_type) in FORMATS and len(t.shape) == 2
+                     for n, t in raw.items())
     tokenizer = load_gguf_tokenizer(path)
     return ModelSource(
         path=path,
@@ -245,4 +249,5 @@ def open_gguf(path: Path) -> ModelSource:
         weight_names=list(raw),
         _weights=load,
         _blocks=blocks,
+        has_blocks=has_blocks,
     )

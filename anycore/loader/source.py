@@ -27,6 +27,9 @@ class ModelSource:
     # GGUF: callable(name) -> GGUFBlocks (layers/quant/gguf_blocks.py) for a projection weight in
     # a block type the kernels run, else None; None for other formats
     _blocks: Any = field(repr=False, default=None)
+    # GGUF: the file has projection weights in a block type the kernels run (then the default
+    # quantization serves them as blocks, layers/quant/__init__.py resolve_quantization)
+    has_blocks: bool = False
 
     def weights(self, dtype: torch.dtype, native_blocks: bool = False) -> Iterator[tuple[str, Any]]:
         """(name, tensor) pairs; ``native_blocks``: projection weights the GGUF kernels run come

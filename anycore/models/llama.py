@@ -144,15 +144,28 @@ class LlamaForCausalLM(nn.Module):
         op-by-op layer loop (the runner passes the native stack when it applies)."""
         cos, sin = self.rotary.lookup(batch.positions)
         hidden = self.embed_tokens(batch.input_ids)
+        capture = batch.capture_layers
+        if capture:  # (intermediate layers: the op-by-op loop, the native stack runs them all in one call)
+            layers = None
         hidden, residual = (layers or self._run_layers)(hidden, cos, sin, batch)
         idx = batch.logits_indices
+        if capture == ():  # the final normed state of every row (rows are normed independently)
+            batch.captured, _ = self.norm(hidden, residual)
+            return batch.captured[idx]
         hidden, _ = self.norm(hidden[idx], residual[idx])
         return hidden
 
     def _run_layers(self, hidden, cos, sin, batch: ForwardBatch):
         residual = None
-        for layer in self.layers:
+        capture = batch.capture_layers or ()
+        taken: dict[int, torch.Tensor] = {}
+        for i, layer in enumerate(self.layers):
+            if i in capture:
+                taken[i] = hidden if residual is None else hidden + residual
             hidden, residual = layer(hidden, residual, cos, sin, batch)
+        if capture:
+            taken[len(self.layers)] = hidden + residual
+            batch.captured = torch.cat([taken[i] for i in capture], dim=-1)
         return hidden, residual
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -45,9 +45,10 @@ ENV_OVERRIDE = "ANYCORE_KERNELS"
 # `w8a8_linear` (W8A8 INT8 GEMM/GEMV, weight pre-packed per variant) runs on the int8 dot-product
 # variants (avx512_vnni: VPDPBUSD; dotprod: SDOT; i8mm: SMMLA) and on generic C++ elsewhere;
 # without the extension torch-native (torch._int_mm) replaces it.
-# `gguf_linear` (GGUF Q4_0/Q4_1/Q8_0 blocks, int8 activations per 32-block) runs on the int8
-# dot-product variants that have it (avx512_vnni: VPDPBUSD; dotprod: SDOT) and generic C++
-# elsewhere; without the extension torch-native (blocks decoded per call) replaces it.
+# `gguf_linear` (GGUF Q4_0/Q4_1/Q5_0/Q8_0/Q4_K/Q5_K/Q6_K blocks, int8 activations per 32-block)
+# runs on the int8 dot-product variants that have it (avx512_vnni: VPDPBUSD; dotprod: SDOT), on
+# avx2 (VPMADDUBSW, x86 without VNNI) and generic C++ elsewhere; without the extension
+# torch-native (blocks decoded per call) replaces it.
 # (op, arch) -> variants never picked automatically there (an override still can): measured
 # slower than torch-native. x86 generic int8 is baseline SSE2 C++ (no int8 dot product), some
 # 10-100x behind torch._int_mm's oneDNN kernels on the SmolLM2 shapes.
@@ -75,8 +76,8 @@ VARIANTS: tuple[Variant, ...] = (
     Variant("generic", "any", (), 0, "generic/generic.cpp", (), ELEMENTWISE + ATTENTION + INT8 + GGUF,
             "portable C++ at the architecture's baseline ISA"),
     # x86-64
-    Variant("avx2", "x86_64", ("avx2", "fma", "f16c"), 10, "x86/avx2.cpp", _X86_AVX2, ELEMENTWISE + ATTENTION,
-            "AVX2+FMA intrinsics"),
+    Variant("avx2", "x86_64", ("avx2", "fma", "f16c"), 10, "x86/avx2.cpp", _X86_AVX2, ELEMENTWISE + ATTENTION + GGUF,
+            "AVX2+FMA intrinsics; GGUF blocks on VPMADDUBSW"),
     Variant("avx512", "x86_64", ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl"), 20,
             "x86/avx512.cpp", _X86_AVX512, _VECTOR_OPS, "AVX-512 intrinsics, bf16 converted in software"),
     Variant("avx512_vnni", "x86_64", ("avx512f", "avx512bw", "avx512vl", "avx512_vnni"), 25,

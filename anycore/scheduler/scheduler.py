@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from anycore.cache.manager import KVCacheManager
 from anycore.scheduler.request import Request, RequestStatus
+from anycore.spec.tree import accept_path
 
 if TYPE_CHECKING:
     from anycore.spec.policy import Speculator
@@ -40,6 +41,10 @@ class ScheduledRequest:
     # at every position, and ``num_steps`` = 1 + len tokens may come out; ``update`` keeps the
     # verified ones and gives back the slots of rejected positions
     draft_tokens: list[int] = field(default_factory=list)
+    # a tree draft (anycore/spec/tree.py DraftTree): draft_tokens' parents (None: a chain); the
+    # runner's verify sets ``tree_path``, the accepted nodes, which ``update`` moves into place
+    draft_parents: list[int] | None = None
+    tree_path: list[int] | None = None
 
 
 @dataclass
@@ -215,14 +220,20 @@ class Scheduler:
         limit = min(budget - 1, req.max_model_len - req.num_tokens - 1)
         if req.params.max_tokens is not None:
             limit = min(limit, req.params.max_tokens - req.num_output_tokens - 1)
-        return self.speculator.propose(req, limit, len(self.running))
+        draft = self.speculator.propose(req, limit, len(self.running))
+        if len(draft) > budget - 1 and hasattr(draft, "truncate"):
+            draft = draft.truncate(budget - 1)  # (a tree wider than the step's token budget)
+        return draft
 
     @staticmethod
     def _schedule_verify(req: Request, draft: list[int], slots: list[int]) -> ScheduledRequest:
         start = req.num_computed_tokens
         req.slots.extend(slots)
         n = 1 + len(draft)
-        return ScheduledRequest(req, start, n, sample=True, num_steps=n, draft_tokens=draft)
+        parents = getattr(draft, "parents", None)  # (a DraftTree: at most max_depth + 1 tokens come out)
+        steps = n if parents is None else draft.max_depth + 1  # type: ignore[attr-defined]
+        return ScheduledRequest(req, start, n, sample=True, num_steps=steps, draft_tokens=draft,
+                                draft_parents=parents)
 
     def _next_waiting(self) -> Request:
         if self.policy == "lpm" and len(self.waiting) > 1:
@@ -275,7 +286,10 @@ class Scheduler:
             kept = []
             tokens = sampled[req.request_id][: s.num_steps]
             if s.draft_tokens and self.speculator is not None:
-                self.speculator.observe(req, len(s.draft_tokens), len(tokens) - 1)
+                proposed = len(s.draft_tokens) if s.draft_parents is None else s.num_steps - 1  # (a tree: its depth)
+                self.speculator.observe(req, proposed, len(tokens) - 1)
+            if s.tree_path:  # the accepted nodes' KV into sequence order; the others roll back below
+                req.slots = accept_path(req.slots, s.start, s.tree_path)
             for token in tokens:
                 if kept:  # a multi-step or verify step computed the previous token's position too
                     req.num_computed_tokens += 1

@@ -64,9 +64,44 @@ struct DotprodMicro {
 // activation row into 4 int32 lanes, scaled and summed in fp32 lanes.
 struct GgufDotprodMicro {
   static constexpr bool kFourRows = false;
+  // Q5_0 and the K-quants: each 32-weight (sub-)block unpacked by gguf_decode32 (portable C++,
+  // kernel_table.h) into int8 (Q5 0..31, Q6_K -32..31: all fit), then SDOT per half of 16, each
+  // half scaled by its own scale (they differ only in Q6_K).
+  template <int R, int QT>
+  static void dot_sub(const uint8_t* w, int64_t nb, const int8_t* qx, int64_t k, const float* dx, const float* sx,
+                      float* out) {
+    float32x4_t acc[R];
+    float corr[R];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) acc[r] = vdupq_n_f32(0.0f), corr[r] = 0.0f;
+    for (int64_t b = 0; b < nb; ++b) {
+      int32_t q[kGgufBlock];
+      int8_t q8[kGgufBlock];
+      float s[2], mw;
+      gguf_decode32(w, QT, b, q, s, &mw);
+      for (int i = 0; i < kGgufBlock; ++i) q8[i] = static_cast<int8_t>(q[i]);
+      const int8x16_t lo = vld1q_s8(q8), hi = vld1q_s8(q8 + 16);
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) {
+        const int8_t* xr = qx + r * k + b * kGgufBlock;
+        const int32x4_t slo = vdotq_s32(vdupq_n_s32(0), lo, vld1q_s8(xr));
+        const int32x4_t shi = vdotq_s32(vdupq_n_s32(0), hi, vld1q_s8(xr + 16));
+        acc[r] = vfmaq_n_f32(acc[r], vcvtq_f32_s32(slo), s[0] * dx[r * nb + b]);
+        acc[r] = vfmaq_n_f32(acc[r], vcvtq_f32_s32(shi), s[1] * dx[r * nb + b]);
+        corr[r] += mw * sx[r * nb + b];
+      }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) out[r] = vaddvq_f32(acc[r]) + corr[r];
+  }
+
   template <int R, int QT>
   static void dot(const uint8_t* w, int64_t nb, const int8_t* qx, int64_t k, const float* dx, const float* sx,
                   float* out) {
+    if constexpr (QT == kGgufQ5_0 || gguf_is_k(QT)) {
+      dot_sub<R, QT>(w, nb, qx, k, dx, sx, out);
+      return;
+    }
     constexpr int64_t bb = gguf_block_bytes(QT);
     float32x4_t acc[R];
     float corr[R];

@@ -1,11 +1,13 @@
-// GGUF block-quantized linear (Q4_0, Q4_1, Q8_0) once over an ISA micro-kernel M.
+// GGUF block-quantized linear (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K) once over an ISA micro-kernel M.
 //
 // The weight stays in the file's blocks (anycore/kernels/gguf.py): one output row is k / 32
-// blocks of fp16 scale(s) + 16 nibble bytes (Q4) or 32 int8 (Q8_0). The activation row is
+// blocks of fp16 scale(s) + 16 nibble bytes (Q4) or 32 int8 (Q8_0), or k / 256 K-quant
+// super-blocks of eight 32-weight sub-blocks (gguf_decode32, kernel_table.h). The activation row is
 // quantized per 32-block into the workspace: int8 qx, fp32 dx = max|x| / 127 and
 // sx = dx * sum(qx) (bit for bit the reference's fp32 arithmetic). Per block the micro-kernel
 // takes the exact int32 sum(q * qx) in registers (VPDPBUSD, SDOT or plain C++), then
-//   y += dw * dx * isum  (+ mw * sx: Q4_1's minimum, Q4_0's -8 offset)
+//   y += dw * dx * isum  (+ mw * sx: Q4_1's and the K-quants' minimum, Q4_0's -8 and Q5_0's -16 offsets)
+// (Q6_K: isum per half of 16 weights, each half with its own scale dw).
 // in fp32. Threads take chunks of output rows (guided, like the GEMV); each chunk runs every
 // activation row in tiles of up to kGgufRows rows, so one decoded weight block serves the tile.
 //
@@ -16,7 +18,7 @@
 // one activation row, see x86/avx512_vnni.cpp) and `template <int R, int QT> static void dot(const uint8_t* w, int64_t nb,
 // const int8_t* qx, int64_t k, const float* dx, const float* sx, float* out)`: the R activation
 // rows (qx row r at qx + r * k, its scales at dx/sx + r * nb) against one weight row of nb
-// blocks of type QT, out[r] = the block sum above (without bias).
+// blocks of type QT (nb 32-blocks: k / 32, also for the K-quants), out[r] = the block sum above (without bias).
 #pragma once
 #include <cstdint>
 #include <cstring>
@@ -64,7 +66,7 @@ void gguf_quantize_row(const T* x, int64_t k, int8_t* qx, float* dx, float* sx) 
 template <class M, int QT, int R>
 void gguf_tile(const GgufArgs& a, const int8_t* qx, const float* dx, const float* sx, int64_t r0, int64_t n0,
                int64_t n1) {
-  const int64_t k = a.k, nb = k / kGgufBlock, row_bytes = nb * gguf_block_bytes(QT);
+  const int64_t k = a.k, nb = k / kGgufBlock, row_bytes = gguf_row_bytes(QT, k);
   const auto store = [&](int64_t j, int r, float y) {
     const int64_t at = (r0 + r) * a.n + j;
     y += a.bias ? a.bias[j] : 0.0f;
@@ -74,7 +76,7 @@ void gguf_tile(const GgufArgs& a, const int8_t* qx, const float* dx, const float
       static_cast<bf16*>(a.out)[at] = float_to_bf16(y);
   };
   for (int64_t j = n0; j < n1;) {
-    if constexpr (R == 1 && M::kFourRows && QT != kGgufQ8_0) {
+    if constexpr (R == 1 && M::kFourRows && (QT == kGgufQ4_0 || QT == kGgufQ4_1)) {
       // rows 4g..4g+3 together whenever the whole group is in the range: which rows are grouped
       // depends on j alone (ranges start at multiples of 16 and end at one or at n), so every
       // caller's split of the rows gives the same results
@@ -139,6 +141,10 @@ void gguf_gemv_rows_kernel(const GgufArgs& a, int64_t n0, int64_t n1) {
   switch (a.qtype) {
     case kGgufQ4_0: gguf_rows<M, kGgufQ4_0>(a, w.qx, w.dx, w.sx, n0, n1); break;
     case kGgufQ4_1: gguf_rows<M, kGgufQ4_1>(a, w.qx, w.dx, w.sx, n0, n1); break;
+    case kGgufQ5_0: gguf_rows<M, kGgufQ5_0>(a, w.qx, w.dx, w.sx, n0, n1); break;
+    case kGgufQ4_K: gguf_rows<M, kGgufQ4_K>(a, w.qx, w.dx, w.sx, n0, n1); break;
+    case kGgufQ5_K: gguf_rows<M, kGgufQ5_K>(a, w.qx, w.dx, w.sx, n0, n1); break;
+    case kGgufQ6_K: gguf_rows<M, kGgufQ6_K>(a, w.qx, w.dx, w.sx, n0, n1); break;
     default: gguf_rows<M, kGgufQ8_0>(a, w.qx, w.dx, w.sx, n0, n1); break;
   }
 }
@@ -152,31 +158,26 @@ void gguf_linear_kernel(const GgufArgs& a) {
   });
 }
 
-// Plain C++ micro-kernel (the generic variant's; any ISA).
+// Plain C++ micro-kernel (the generic variant's; any ISA): every format through gguf_decode32.
 struct GgufScalarMicro {
   static constexpr bool kFourRows = false;  // (see GgufVnniMicro::dot4)
   template <int R, int QT>
   static void dot(const uint8_t* w, int64_t nb, const int8_t* qx, int64_t k, const float* dx, const float* sx,
                   float* out) {
-    constexpr int64_t bb = gguf_block_bytes(QT);
     float acc[R] = {};
     for (int64_t b = 0; b < nb; ++b) {
-      const uint8_t* blk = w + b * bb;
-      const float dw = gguf_half(blk);
-      const float mw = QT == kGgufQ4_1 ? gguf_half(blk + 2) : QT == kGgufQ4_0 ? -8.0f * dw : 0.0f;
       int32_t q[kGgufBlock];
-      if (QT == kGgufQ8_0) {
-        for (int i = 0; i < kGgufBlock; ++i) q[i] = static_cast<int8_t>(blk[2 + i]);
-      } else {
-        const uint8_t* qs = blk + (QT == kGgufQ4_1 ? 4 : 2);
-        for (int i = 0; i < 16; ++i) q[i] = qs[i] & 0x0F, q[i + 16] = qs[i] >> 4;
-      }
+      float s[2], mw;
+      gguf_decode32(w, QT, b, q, s, &mw);
       for (int r = 0; r < R; ++r) {
         const int8_t* xr = qx + r * k + b * kGgufBlock;
-        int32_t isum = 0;
-        for (int i = 0; i < kGgufBlock; ++i) isum += q[i] * xr[i];
-        acc[r] += dw * dx[r * nb + b] * static_cast<float>(isum);
-        if (QT != kGgufQ8_0) acc[r] += mw * sx[r * nb + b];
+        int32_t lo = 0, hi = 0;
+        for (int i = 0; i < 16; ++i) lo += q[i] * xr[i], hi += q[i + 16] * xr[i + 16];
+        if (QT == kGgufQ6_K)
+          acc[r] += dx[r * nb + b] * (s[0] * static_cast<float>(lo) + s[1] * static_cast<float>(hi));
+        else
+          acc[r] += s[0] * dx[r * nb + b] * static_cast<float>(lo + hi);
+        if (QT != kGgufQ8_0 && QT != kGgufQ6_K) acc[r] += mw * sx[r * nb + b];
       }
     }
     for (int r = 0; r < R; ++r) out[r] = acc[r];

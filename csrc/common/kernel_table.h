@@ -87,16 +87,18 @@ struct Int8Kernels {
   void (*gemm_panels)(const W8A8Args& args, int64_t p0, int64_t p1);
 };
 
-// GGUF block-quantized linear (see anycore/kernels/gguf.py for the block formats and the
-// scheme): the weight is the file's own blocks, uint8 [n, k / 32 * block bytes] row-major;
+// GGUF block-quantized linear (see anycore/kernels/gguf.py and gguf_kquants.py for the block formats
+// and the scheme): the weight is the file's own blocks, uint8 [n, gguf_row_bytes(qtype, k)] row-major;
 // activations are quantized to int8 per 32-block in `workspace` (gguf_workspace_bytes, gguf_impl.h).
-enum GgufType : int { kGgufQ4_0 = 2, kGgufQ4_1 = 3, kGgufQ8_0 = 8 };
+enum GgufType : int {
+  kGgufQ4_0 = 2, kGgufQ4_1 = 3, kGgufQ5_0 = 6, kGgufQ8_0 = 8, kGgufQ4_K = 12, kGgufQ5_K = 13, kGgufQ6_K = 14
+};
 
 struct GgufArgs {
   const void* x;         // [m, k] fp32 (x_type 0) or bf16 (1), row stride x_stride (elements)
   int64_t x_stride;
   int x_type;
-  const uint8_t* w;      // [n] rows of k / 32 blocks of type qtype
+  const uint8_t* w;      // [n] rows of gguf_row_bytes(qtype, k) bytes
   int qtype;
   const float* bias;     // [n] fp32 or null
   void* out;             // [m, n] contiguous, fp32 (out_type 0) or bf16 (1)
@@ -106,10 +108,21 @@ struct GgufArgs {
 };
 
 namespace {  // (internal linkage: each translation unit keeps its own copy, see csrc/README.md)
-constexpr int64_t kGgufBlock = 32;  // weights per block, every format
+constexpr int64_t kGgufBlock = 32;  // weights per activation block and per (sub-)block of every format
 constexpr int64_t gguf_block_bytes(int qtype) {
-  return qtype == kGgufQ4_0 ? 18 : qtype == kGgufQ4_1 ? 20 : qtype == kGgufQ8_0 ? 34 : 0;
+  return qtype == kGgufQ4_0   ? 18
+         : qtype == kGgufQ4_1 ? 20
+         : qtype == kGgufQ5_0 ? 22
+         : qtype == kGgufQ8_0 ? 34
+         : qtype == kGgufQ4_K ? 144
+         : qtype == kGgufQ5_K ? 176
+         : qtype == kGgufQ6_K ? 210
+                              : 0;
 }
+constexpr bool gguf_is_k(int qtype) { return qtype == kGgufQ4_K || qtype == kGgufQ5_K || qtype == kGgufQ6_K; }
+// weights per block: 256 for the K-quant super-blocks, 32 otherwise
+constexpr int64_t gguf_block_elems(int qtype) { return gguf_is_k(qtype) ? 256 : kGgufBlock; }
+constexpr int64_t gguf_row_bytes(int qtype, int64_t k) { return k / gguf_block_elems(qtype) * gguf_block_bytes(qtype); }
 // activation rows up to which gguf_linear runs int8 block dot products; more (prefill) run the
 // blocks dequantized to the activation dtype through a float GEMM (anycore/kernels/gguf.py)
 constexpr int64_t kGgufInt8MaxRows = 16;
@@ -126,23 +139,66 @@ inline float gguf_half(const uint8_t* p) {
   __builtin_memcpy(&f, &bits, 4);
   return f;
 }
-// One row of nb blocks -> nb * 32 floats (w = dw * q + mw).
-inline void gguf_dequantize_row(const uint8_t* row, int qtype, int64_t nb, float* out) {
-  const int64_t bb = gguf_block_bytes(qtype);
-  for (int64_t b = 0; b < nb; ++b, out += kGgufBlock) {
-    const uint8_t* blk = row + b * bb;
-    const float d = gguf_half(blk);
-    if (qtype == kGgufQ8_0) {
-      for (int i = 0; i < 32; ++i) out[i] = d * static_cast<float>(static_cast<int8_t>(blk[2 + i]));
-      continue;
-    }
-    const float m = qtype == kGgufQ4_1 ? gguf_half(blk + 2) : -8.0f * d;
-    const uint8_t* qs = blk + (qtype == kGgufQ4_1 ? 4 : 2);
-    for (int i = 0; i < 16; ++i) {
-      out[i] = d * static_cast<float>(qs[i] & 0x0F) + m;
-      out[i + 16] = d * static_cast<float>(qs[i] >> 4) + m;
-    }
+// Sub-block j (0..7) of a Q4_K/Q5_K super-block: its 6-bit scale and minimum from the 12 packed bytes.
+inline void gguf_scale_min_k4(int j, const uint8_t* sc, int* s, int* m) {
+  if (j < 4) {
+    *s = sc[j] & 63, *m = sc[j + 4] & 63;
+  } else {
+    *s = (sc[j + 4] & 0x0F) | ((sc[j - 4] >> 6) << 4), *m = (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4);
   }
+}
+// 32-block b of a row of type qtype, in the form w[i] = s[i / 16] * q[i] + mw: q unsigned except
+// Q8_0's and Q6_K's (signed), s the scales of the two halves (different only in Q6_K). The scale
+// products are GGML's (d * sc, dmin * m in fp32), so dequantizing matches the gguf package.
+inline void gguf_decode32(const uint8_t* row, int qtype, int64_t b, int32_t* q, float* s, float* mw) {
+  if (gguf_is_k(qtype)) {
+    const uint8_t* sb = row + (b / 8) * gguf_block_bytes(qtype);
+    const int j = static_cast<int>(b % 8);
+    if (qtype == kGgufQ6_K) {
+      const int h = j / 4, t = j % 4;
+      const uint8_t* ql = sb + 64 * h + 32 * (t % 2);
+      const uint8_t* qh = sb + 128 + 32 * h;
+      for (int l = 0; l < 32; ++l)
+        q[l] = (((ql[l] >> (4 * (t / 2))) & 0x0F) | (((qh[l] >> (2 * t)) & 3) << 4)) - 32;
+      const float d = gguf_half(sb + 208);
+      s[0] = d * static_cast<float>(static_cast<int8_t>(sb[192 + 2 * j]));
+      s[1] = d * static_cast<float>(static_cast<int8_t>(sb[193 + 2 * j]));
+      *mw = 0.0f;
+      return;
+    }
+    int sc, mn;
+    gguf_scale_min_k4(j, sb + 4, &sc, &mn);
+    const uint8_t* qs = sb + (qtype == kGgufQ5_K ? 48 : 16) + 32 * (j / 2);
+    for (int l = 0; l < 32; ++l) q[l] = (qs[l] >> (4 * (j % 2))) & 0x0F;
+    if (qtype == kGgufQ5_K)
+      for (int l = 0; l < 32; ++l) q[l] |= ((sb[16 + l] >> j) & 1) << 4;
+    s[0] = s[1] = gguf_half(sb) * static_cast<float>(sc);
+    *mw = -(gguf_half(sb + 2) * static_cast<float>(mn));
+    return;
+  }
+  const uint8_t* blk = row + b * gguf_block_bytes(qtype);
+  const float d = gguf_half(blk);
+  s[0] = s[1] = d;
+  if (qtype == kGgufQ8_0) {
+    for (int i = 0; i < 32; ++i) q[i] = static_cast<int8_t>(blk[2 + i]);
+    *mw = 0.0f;
+    return;
+  }
+  const uint8_t* qs = blk + (qtype == kGgufQ4_0 ? 2 : qtype == kGgufQ4_1 ? 4 : 6);
+  for (int i = 0; i < 16; ++i) q[i] = qs[i] & 0x0F, q[i + 16] = qs[i] >> 4;
+  if (qtype == kGgufQ5_0) {
+    const uint32_t qh = static_cast<uint32_t>(blk[2]) | (static_cast<uint32_t>(blk[3]) << 8) |
+                        (static_cast<uint32_t>(blk[4]) << 16) | (static_cast<uint32_t>(blk[5]) << 24);
+    for (int i = 0; i < 32; ++i) q[i] |= static_cast<int32_t>((qh >> i) & 1u) << 4;
+  }
+  *mw = qtype == kGgufQ4_1 ? gguf_half(blk + 2) : qtype == kGgufQ4_0 ? -8.0f * d : -16.0f * d;
+}
+// 32-block b of a row -> 32 floats (w = s * q + mw).
+inline void gguf_dequantize_block32(const uint8_t* row, int qtype, int64_t b, float* out) {
+  int32_t q[kGgufBlock];
+  float s[2], mw;
+  gguf_decode32(row, qtype, b, q, s, &mw);
+  for (int i = 0; i < kGgufBlock; ++i) out[i] = s[i / 16] * static_cast<float>(q[i]) + mw;
 }
 // workspace of one call: int8 qx [m, k], then fp32 dx and sx [m, k / 32] each
 constexpr int64_t gguf_workspace_bytes(int64_t m, int64_t k) { return m * k + 8 * m * (k / 32) + 64; }

@@ -314,12 +314,12 @@ at::Tensor gguf_dense_linear(const at::Tensor& x, const at::Tensor& qweight, int
   at::Tensor w = at::empty({n, k}, x.options());
   const bool to_bf16 = x.scalar_type() == at::kBFloat16;
   const uint8_t* src = qweight.data_ptr<uint8_t>();
-  const int64_t bb = gguf_block_bytes(qtype), nb = k / kGgufBlock;
+  const int64_t row_bytes = gguf_row_bytes(qtype, k), nb = k / kGgufBlock;
   at::parallel_for(0, n, 16, [&](int64_t r0, int64_t r1) {
     float block[kGgufBlock];
     for (int64_t r = r0; r < r1; ++r) {
       for (int64_t b = 0; b < nb; ++b) {
-        gguf_dequantize_row(src + (r * nb + b) * bb, qtype, 1, block);
+        gguf_dequantize_block32(src + r * row_bytes, qtype, b, block);
         const int64_t at = r * k + b * kGgufBlock;
         if (to_bf16) {
           bf16* dst = reinterpret_cast<bf16*>(w.data_ptr()) + at;
@@ -337,17 +337,18 @@ at::Tensor gguf_dense_linear(const at::Tensor& x, const at::Tensor& qweight, int
 
 }  // namespace
 
-// GGUF block linear: y = blocks(x) . W^T (+ bias), W the file's blocks uint8 [N, K / 32 * block
-// bytes] of ggml type qtype (anycore/kernels/gguf.py). A variant without GGUF kernels runs
+// GGUF block linear: y = blocks(x) . W^T (+ bias), W the file's blocks uint8 [N, K / block weights *
+// block bytes] of ggml type qtype (anycore/kernels/gguf.py). A variant without GGUF kernels runs
 // generic's (the layout is the file's, the same for every variant).
 at::Tensor gguf_linear(const at::Tensor& x_in, const at::Tensor& qweight, int64_t qtype,
                        const std::optional<at::Tensor>& bias, int64_t impl) {
   const int64_t bb = gguf_block_bytes(static_cast<int>(qtype));
-  TORCH_CHECK(bb > 0, "gguf_linear: unsupported block type ", qtype, " (Q4_0 = 2, Q4_1 = 3, Q8_0 = 8)");
+  TORCH_CHECK(bb > 0, "gguf_linear: unsupported block type ", qtype,
+              " (Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14)");
   TORCH_CHECK(qweight.device().is_cpu() && qweight.dim() == 2 && qweight.scalar_type() == at::kByte &&
                   qweight.is_contiguous() && qweight.size(1) % bb == 0,
               "gguf_linear: qweight must be a contiguous uint8 [N, blocks * ", bb, "] CPU tensor");
-  const int64_t n = qweight.size(0), k = qweight.size(1) / bb * kGgufBlock;
+  const int64_t n = qweight.size(0), k = qweight.size(1) / bb * gguf_block_elems(static_cast<int>(qtype));
   const int dt = dtype_index(x_in);
   TORCH_CHECK(x_in.size(-1) == k, "gguf_linear: x has ", x_in.size(-1), " features, the weight ", k);
   at::Tensor x = as_rows(x_in);

@@ -1,5 +1,5 @@
 // AVX-512 VNNI variant: the W8A8 INT8 linear on VPDPBUSD (needs avx512f/bw/vl + avx512_vnni;
-// Cascade Lake and later, Zen 4), and the GGUF block linear (Q4_0/Q4_1/Q8_0 weights, int8
+// Cascade Lake and later, Zen 4), and the GGUF block linear (Q4_0/Q4_1/Q5_0/Q8_0/Q4_K/Q5_K/Q6_K weights, int8
 // activations per 32-block) on 256-bit VPDPBUSD. Other ops are null here: selection keeps them
 // elsewhere. The W8A8 kernel and its unsigned-activation correction are in vnni_micro.h.
 #include "vnni_micro.h"
@@ -61,9 +61,99 @@ struct GgufVnniMicro {
     _mm_storeu_ps(out, _mm_add_ps(_mm_hadd_ps(_mm_hadd_ps(a0, a1), _mm_hadd_ps(a2, a3)), corr));
   }
 
+  template <int R>
+  static void finish(const __m256* acc, const float* corr, float* out) {
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      __m128 v = _mm_add_ps(_mm256_castps256_ps128(acc[r]), _mm256_extractf128_ps(acc[r], 1));
+      v = _mm_add_ps(v, _mm_movehl_ps(v, v));
+      v = _mm_add_ss(v, _mm_movehdup_ps(v));
+      out[r] = _mm_cvtss_f32(v) + corr[r];
+    }
+  }
+
+  // Q5_0 and the K-quants: one 32-weight (sub-)block at a time, unpacked to bytes in a 256-bit
+  // register (unsigned 0..31; Q6_K's signed -32..31 take Q8_0's VPSIGNB form), the scales of its
+  // two halves in the low and high four fp32 lanes (dpbusd lane i sums weights 4i..4i+3). The
+  // fifth bits (Q5_0, Q5_K) come in as a byte mask: VPMOVM2B's form via a masked move of 16s.
+  template <int R, int QT>
+  static void dot_sub(const uint8_t* w, int64_t nb, const int8_t* qx, int64_t k, const float* dx, const float* sx,
+                      float* out) {
+    constexpr int64_t bb = gguf_block_bytes(QT);
+    constexpr int kSub = gguf_is_k(QT) ? 8 : 1;
+    const __m256i zero = _mm256_setzero_si256(), low4 = _mm256_set1_epi8(0x0F), fifth = _mm256_set1_epi8(16);
+    __m256 acc[R];
+    float corr[R];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps(), corr[r] = 0.0f;
+    for (int64_t g = 0; g < nb / kSub; ++g) {
+      const uint8_t* blk = w + g * bb;
+      float s0[kSub], s1[kSub], mw[kSub];
+      if constexpr (QT == kGgufQ5_0) {
+        s0[0] = s1[0] = gguf_half(blk), mw[0] = -16.0f * s0[0];
+      } else if constexpr (QT == kGgufQ6_K) {
+        const float d = gguf_half(blk + 208);
+        for (int j = 0; j < kSub; ++j)
+          s0[j] = d * static_cast<float>(static_cast<int8_t>(blk[192 + 2 * j])),
+          s1[j] = d * static_cast<float>(static_cast<int8_t>(blk[193 + 2 * j])), mw[j] = 0.0f;
+      } else {
+        const float d = gguf_half(blk), dmin = gguf_half(blk + 2);
+        for (int j = 0; j < kSub; ++j) {
+          int sc, mn;
+          gguf_scale_min_k4(j, blk + 4, &sc, &mn);
+          s0[j] = s1[j] = d * static_cast<float>(sc), mw[j] = -(dmin * static_cast<float>(mn));
+        }
+      }
+      for (int j = 0; j < kSub; ++j) {
+        const int64_t b = g * kSub + j;
+        __m256i wv;
+        if constexpr (QT == kGgufQ5_0) {
+          const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 6));
+          uint32_t qh;
+          std::memcpy(&qh, blk + 2, 4);
+          wv = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), low4);
+          wv = _mm256_or_si256(wv, _mm256_maskz_mov_epi8(qh, fifth));
+        } else if constexpr (QT == kGgufQ6_K) {
+          const int h = j / 4, t = j % 4;
+          const __m256i ql = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 64 * h + 32 * (t % 2)));
+          const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 128 + 32 * h));
+          const __m256i lo = _mm256_and_si256(_mm256_srl_epi16(ql, _mm_cvtsi32_si128(4 * (t / 2))), low4);
+          const __m256i hi = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * t)), _mm256_set1_epi8(3));
+          // (hi <= 3: shifting 16-bit lanes by 4 keeps each byte's bits in that byte)
+          wv = _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)), _mm256_set1_epi8(32));
+        } else {
+          const uint8_t* qs = blk + (QT == kGgufQ5_K ? 48 : 16) + 32 * (j / 2);
+          wv = _mm256_and_si256(_mm256_srl_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs)),
+                                                 _mm_cvtsi32_si128(4 * (j % 2))),
+                                low4);
+          if constexpr (QT == kGgufQ5_K) {
+            const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16));
+            const __mmask32 bit = _mm256_test_epi8_mask(qh, _mm256_set1_epi8(static_cast<char>(1 << j)));
+            wv = _mm256_or_si256(wv, _mm256_maskz_mov_epi8(bit, fifth));
+          }
+        }
+        const __m256 s8 = _mm256_set_m128(_mm_set1_ps(s1[j]), _mm_set1_ps(s0[j]));
+        const __m256i wabs = QT == kGgufQ6_K ? _mm256_abs_epi8(wv) : wv;
+#pragma GCC unroll 4
+        for (int r = 0; r < R; ++r) {
+          const __m256i av = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qx + r * k + b * kGgufBlock));
+          const __m256i s = QT == kGgufQ6_K ? _mm256_dpbusd_epi32(zero, wabs, _mm256_sign_epi8(av, wv))
+                                            : _mm256_dpbusd_epi32(zero, wv, av);
+          acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(s8, _mm256_set1_ps(dx[r * nb + b])), acc[r]);
+          if (QT != kGgufQ6_K) corr[r] += mw[j] * sx[r * nb + b];
+        }
+      }
+    }
+    finish<R>(acc, corr, out);
+  }
+
   template <int R, int QT>
   static void dot(const uint8_t* w, int64_t nb, const int8_t* qx, int64_t k, const float* dx, const float* sx,
                   float* out) {
+    if constexpr (QT == kGgufQ5_0 || gguf_is_k(QT)) {
+      dot_sub<R, QT>(w, nb, qx, k, dx, sx, out);
+      return;
+    }
     constexpr int64_t bb = gguf_block_bytes(QT);
     const __m256i zero = _mm256_setzero_si256(), low4 = _mm256_set1_epi8(0x0F);
     __m256 acc[R];
@@ -100,13 +190,7 @@ struct GgufVnniMicro {
         if (QT != kGgufQ8_0) corr[r] += mw * sx[r * nb + b];
       }
     }
-#pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) {
-      __m128 v = _mm_add_ps(_mm256_castps256_ps128(acc[r]), _mm256_extractf128_ps(acc[r], 1));
-      v = _mm_add_ps(v, _mm_movehl_ps(v, v));
-      v = _mm_add_ss(v, _mm_movehdup_ps(v));
-      out[r] = _mm_cvtss_f32(v) + corr[r];
-    }
+    finish<R>(acc, corr, out);
   }
 };
 }  // namespace

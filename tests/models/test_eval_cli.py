@@ -29,6 +29,7 @@ def test_agreement_cli_reports_both_figures(tmp_path, capsys):
 def test_agreement_cli_refuses_a_candidate_equal_to_its_reference(capsys):
     assert main(["eval", "agreement", "--dtype", "float32"]) == 2
     assert "differs from its reference" in capsys.readouterr().err
+    assert main(["eval", "agreement", "--quantization", "none"]) == 2  # bf16 dense vs itself
 
 
 @pytest.mark.slow

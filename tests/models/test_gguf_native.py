@@ -50,7 +50,7 @@ def test_every_projection_keeps_its_blocks(llm_gguf):
 def test_next_token_predictions_close_to_bf16(llm_gguf):
     """Teacher-forced over prose written for this repo: the blocks' top-1 next token agrees with
     bf16 on the dequantized weights almost everywhere (int8 activations are the difference)."""
-    bf16 = LLM(dtype="bfloat16", kv_cache_gb=0.05)
+    bf16 = LLM(dtype="bfloat16", quantization="none", kv_cache_gb=0.05)
     text = (Path(__file__).parents[1] / "data" / "prose.txt").read_text(encoding="utf-8")
     ids = llm_gguf.tokenizer.encode(text)[:256]
     a = llm_gguf.engine.next_token_logprobs(ids)
@@ -85,3 +85,21 @@ def test_gguf_needs_a_gguf_file():
     with pytest.raises(ValueError, match="not a GGUF file"):
         resolve_quantization("gguf", {}, "hf")
     assert resolve_quantization("gguf", {}, "gguf") == ("gguf", True)
+
+
+def test_default_serves_a_quantized_gguf_in_its_blocks_in_bf16_only():
+    bf16, fp32 = torch.bfloat16, torch.float32
+    assert resolve_quantization(None, {}, "gguf", bf16, has_blocks=True) == ("gguf", True)
+    # fp32 (the oracle's dtype), "none", a file without block types, an HF folder: dense
+    assert resolve_quantization(None, {}, "gguf", fp32, has_blocks=True) == (None, False)
+    assert resolve_quantization("none", {}, "gguf", bf16, has_blocks=True) == (None, False)
+    assert resolve_quantization(None, {}, "gguf", bf16, has_blocks=False) == (None, False)
+    assert resolve_quantization(None, {}, "hf", bf16) == (None, False)
+    with pytest.raises(ValueError, match="cannot dequantize"):
+        resolve_quantization("none", {"quantization_config": {"quant_method": "compressed-tensors"}}, "hf")
+
+
+def test_default_model_runs_its_q4_1_blocks_by_default():
+    engine = LLM(kv_cache_gb=0.05).engine  # no dtype, no quantization given
+    assert engine.quantization == "gguf" and engine.dtype == torch.bfloat16
+    assert {m.method.name for m in engine.model.modules() if isinstance(m, Linear)} == {"gguf"}

@@ -63,9 +63,9 @@ def test_default_model_w8a8_perplexity_close_to_bf16():
     of WikiText-2 +0.76%); the 32k-token WikiText-2 figure (+0.63%) is measured by ``anycore eval
     perplexity``."""
     ppl = {}
-    for quant in (None, "w8a8_int8"):
+    for quant in ("none", "w8a8_int8"):
         llm = LLM(dtype="bfloat16", quantization=quant, kv_cache_gb=0.1)
         ids = tokenize_file(llm.engine, str(PROSE), 4096)
         assert len(ids) == 4096
         ppl[quant] = perplexity(llm.engine, ids, ctx=512).perplexity
-    assert abs(ppl["w8a8_int8"] / ppl[None] - 1) < 0.012, ppl
+    assert abs(ppl["w8a8_int8"] / ppl["none"] - 1) < 0.012, ppl

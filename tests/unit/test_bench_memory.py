@@ -25,7 +25,7 @@ def test_memory_phase_rows_and_skips(tmp_path, monkeypatch):
 
     def anycore_rss(config, n):
         seen.append((config.quantization, n))
-        return _fake_rss(400, 410) if config.quantization else _fake_rss(600, 620)
+        return _fake_rss(400, 410) if config.quantization not in (None, "none") else _fake_rss(600, 620)
 
     def llama_rss(path, threads, n):
         raise PeerUnavailable("llama_cpp not importable")
@@ -39,7 +39,7 @@ def test_memory_phase_rows_and_skips(tmp_path, monkeypatch):
     monkeypatch.setattr(c.results, "checkpoint", lambda error=None: written.append(len(c.results.measurements)))
     memory_phase.run_memory(c, tmp_path / "m.gguf")
     assert written == [4]
-    assert seen == [(None, 8), ("w8a8_int8", 8)]
+    assert seen == [("none", 8), ("w8a8_int8", 8)]
     assert "llama.cpp Q8_0 memory" in c.results.skipped
     rows = {(m["workload"], m["engine"]): m for m in c.results.measurements}
     assert rows[("RSS after load", "anycore bf16")]["median"] == pytest.approx(600)
@@ -58,7 +58,7 @@ def test_memory_models_are_measured_on_anycore_only_and_tagged(tmp_path, monkeyp
     def anycore_rss(config, n):
         seen.append((config.model, config.quantization))
         big = config.model is not None and config.model.endswith("big")
-        return _fake_rss(1800, 1900) if config.quantization and big else _fake_rss(3500, 3600) if big else _fake_rss(500, 510)
+        return _fake_rss(1800, 1900) if config.quantization not in (None, "none") and big else _fake_rss(3500, 3600) if big else _fake_rss(500, 510)
 
     def llama_rss(path, threads, n):
         seen.append(("llama", path.name))
@@ -76,7 +76,7 @@ def test_memory_models_are_measured_on_anycore_only_and_tagged(tmp_path, monkeyp
     monkeypatch.setattr(c.results, "checkpoint", lambda error=None: written.append(len(c.results.measurements)))
     memory_phase.run_memory(c, tmp_path / "m.gguf")
     assert written == [6, 10]  # after the run's model, after the bigger one
-    assert seen == [(None, None), (None, "w8a8_int8"), ("llama", "m.gguf"), (str(big), None), (str(big), "w8a8_int8")]
+    assert seen == [(None, "none"), (None, "w8a8_int8"), ("llama", "m.gguf"), (str(big), "none"), (str(big), "w8a8_int8")]
     rows = {(m["workload"], m["engine"]): m for m in c.results.measurements}
     assert rows[("RSS after load + 8 tok [big]", "anycore w8a8_int8")]["median"] == pytest.approx(1900)
     assert ("RSS after load + 8 tok [big]", "llama.cpp Q8_0") not in rows
@@ -149,7 +149,7 @@ def test_int8_head_variant_joins_the_run(tmp_path):
     assert list(offline) == ["anycore bf16", "anycore bf16 torch-native", "anycore w8a8_int8",
                              "anycore w8a8_int8 +int8 head"]
     assert [(e.quantization, e.quantize_lm_head, e.kernels) for e in offline.values()] == [
-        (None, False, None), (None, False, "torch-native"), ("w8a8_int8", False, None), ("w8a8_int8", True, None)]
+        ("none", False, None), ("none", False, "torch-native"), ("w8a8_int8", False, None), ("w8a8_int8", True, None)]
     assert list(dict(c.anycore_engines(offline=False))) == ["anycore bf16", "anycore w8a8_int8",
                                                             "anycore w8a8_int8 +int8 head"]
     ms = [report.measurement("decode b=1", name, "tok/s", True, [v], [{"other_cores": 0.0}])

@@ -51,3 +51,23 @@ def test_wrong_shard_shape_is_an_error():
         lin.load("weight", GGUFBlocks(G.Q4_0, random_blocks(8, 64, G.Q4_0)), 1)
     with pytest.raises(ValueError, match="no online gguf"):
         GGUFLinearMethod(prequantized=False)
+
+
+def test_mixed_q5_0_and_q8_0_shards_become_q8_0_exactly():
+    """Gemma 3's QKV: Q5_0 q/k with a Q8_0 v. Q5_0 (and Q4_0) re-encode as Q8_0 without loss."""
+    lin = Linear(64, [8, 4, 4], bias=False, dtype=torch.float32, method=GGUFLinearMethod())
+    q, k, v = random_blocks(8, 64, G.Q5_0), random_blocks(4, 64, G.Q4_0), random_blocks(4, 64, G.Q8_0)
+    for i, (t, b) in enumerate([(G.Q5_0, q), (G.Q4_0, k), (G.Q8_0, v)]):
+        lin.load("weight", GGUFBlocks(t, b), i)
+    lin.method.process_weights_after_loading(lin)
+    assert lin.method.name == "gguf" and lin.qtype == G.Q8_0
+    expected = torch.cat([G.dequantize(q, G.Q5_0), G.dequantize(k, G.Q4_0), G.dequantize(v, G.Q8_0)])
+    assert torch.equal(G.dequantize(lin.qweight, G.Q8_0), expected)
+
+
+def test_k_quant_mix_falls_back_to_dense():
+    lin = Linear(256, [4, 4], bias=False, dtype=torch.float32, method=GGUFLinearMethod())
+    lin.load("weight", GGUFBlocks(G.Q4_K, random_blocks(4, 256, G.Q4_K)), 0)
+    lin.load("weight", GGUFBlocks(G.Q6_K, random_blocks(4, 256, G.Q6_K)), 1)
+    lin.method.process_weights_after_loading(lin)
+    assert lin.method.name == "dense"

@@ -41,8 +41,8 @@ def _expect(op_impl: str, **per_op: str) -> dict[str, str]:
     "features, available, expected",
     [
         (X86_AVX2, ALL_X86, _expect("avx2", linear="torch-native", fused_moe="torch-native", w8a8_linear="torch-native",
-                                    gguf_linear="generic")),
-        (X86_AVX512, ALL_X86, _expect("avx512", w8a8_linear="torch-native", gguf_linear="generic")),
+                                    gguf_linear="avx2")),
+        (X86_AVX512, ALL_X86, _expect("avx512", w8a8_linear="torch-native", gguf_linear="avx2")),
         (X86_AVX512_BF16, ALL_X86, _expect("avx512_bf16", w8a8_linear="avx512_vnni", gguf_linear="avx512_vnni")),
         (X86_AMX, ALL_X86, _expect("avx512_bf16", w8a8_linear="amx", gguf_linear="avx512_vnni")),
         (ARM_NEON, ALL_ARM, _expect("neon", w8a8_linear="generic", gguf_linear="generic")),

@@ -111,9 +111,10 @@ class CompareContext:
         quantized engine a second time with its logits head in int8 too (and its embedding table,
         with ``--quantize-embedding``)."""
         c = replace(self.config, dtype="bfloat16", quantize_lm_head=False, quantize_embedding=False)
-        engines = [("anycore bf16", replace(c, quantization=None))]
+        # bf16: dense weights, a GGUF file's dequantized ("none"; the default would serve its blocks)
+        engines = [("anycore bf16", replace(c, quantization="none"))]
         if self.args.kernels_off and offline:  # the same engine on the portable ops: what the kernels buy
-            engines.append(("anycore bf16 torch-native", replace(c, quantization=None, kernels="torch-native")))
+            engines.append(("anycore bf16 torch-native", replace(c, quantization="none", kernels="torch-native")))
         if c.quantization:
             engines.append((f"anycore {c.quantization}", c))
             if self.config.quantize_lm_head:

@@ -29,7 +29,7 @@ def start_servers(ctx: CompareContext, gguf: Path) -> list[servers.Server]:
     logs = ctx.inputs.out.parent / "logs"
     wanted = []
     if not ctx.args.no_anycore_server:
-        wanted.append(servers.anycore_server("anycore-server bf16", str(gguf), ctx.threads, None, logs))
+        wanted.append(servers.anycore_server("anycore-server bf16", str(gguf), ctx.threads, "none", logs))
         if ctx.config.quantization:
             q = ctx.config.quantization
             wanted.append(servers.anycore_server(f"anycore-server {q}", str(gguf), ctx.threads, q, logs))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import torch
 from torch import nn
 from tqdm import tqdm
 
@@ -28,9 +29,22 @@ def linear_method_factory(name: str | None, prequantized: bool = False):
     return lambda: cls(prequantized=prequantized)
 
 
-def resolve_quantization(requested: str | None, hf_config: dict, source_format: str = "hf") -> tuple[str | None, bool]:
+NONE = "none"  # dense weights, a GGUF file's dequantized
+
+
+def resolve_quantization(requested: str | None, hf_config: dict, source_format: str = "hf",
+                         dtype: torch.dtype | None = None, has_blocks: bool = False) -> tuple[str | None, bool]:
     """(method name, pre-quantized?) from the user's flag and the checkpoint's own config.
-    ``gguf`` (the file's own blocks) is pre-quantized and needs a GGUF file."""
+    ``gguf`` (the file's own blocks) is pre-quantized and needs a GGUF file. ``None`` (the
+    default, auto): a GGUF file with projections in block types the kernels run (``has_blocks``)
+    is served as ``gguf`` when ``dtype`` is bfloat16 (fp32, the oracle's dtype, keeps the
+    dequantized weights); ``"none"``: dense (dequantized) weights."""
+    if requested is None and source_format == "gguf" and has_blocks and dtype == torch.bfloat16:
+        requested = GGUF
+    if requested == NONE:
+        if hf_config.get("quantization_config"):
+            raise ValueError("the checkpoint is pre-quantized; quantization 'none' cannot dequantize it")
+        return None, False
     if requested == GGUF:
         if source_format != "gguf":
             raise ValueError("quantization 'gguf' serves a GGUF file's own weight blocks; this model is not a GGUF file")

@@ -1,11 +1,13 @@
-"""GGUF block weights served as they are (``--quantization gguf``): Q4_0, Q4_1 and Q8_0
-projections keep the file's blocks (anycore/kernels/gguf.py), never expanded to bf16, and
-multiply through the kernel table's ``gguf_linear`` (int8 activations per 32-block).
+"""GGUF block weights served as they are (``--quantization gguf``): Q4_0, Q4_1, Q5_0, Q8_0,
+Q4_K, Q5_K and Q6_K projections keep the file's blocks (anycore/kernels/gguf.py), never
+expanded to bf16, and multiply through the kernel table's ``gguf_linear`` (int8 activations per
+32-block).
 
 A merged projection (QKV, gate+up) stays in blocks when all its shards come in one supported
-block type; otherwise (another type in the file, e.g. Q6_K, or an F16/F32 tensor) that layer is
-dense in the run dtype, dequantized as without this method (the start-up log counts them,
-``anycore.engine.engine.gguf_summary``).
+block type, or in a mix of Q4_0 / Q5_0 / Q8_0 (then all Q8_0, re-encoded exactly: Gemma 3's
+Q5_0 q/k with a Q8_0 v); otherwise (other mixes, an F16/F32 tensor, a type without a kernel such
+as Q2_K) that layer is dense in the run dtype, dequantized as without this method (the start-up
+log counts them, ``anycore.engine.engine.gguf_summary``).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from anycore.kernels.gguf import FORMATS, dequantize, gguf_linear_torch, in_features
+from anycore.kernels.gguf import FORMATS, Q8_0, as_q8_0, dequantize, gguf_linear_torch, in_features
 
 GGUF = "gguf"
 
@@ -63,6 +65,10 @@ class GGUFLinearMethod:
         shards = [self.shards[i] for i in range(len(layer.out_sizes))]
         self.shards = {}
         qtypes = {s.qtype if isinstance(s, GGUFBlocks) else None for s in shards}
+        if len(qtypes) > 1 and None not in qtypes:
+            q8 = [as_q8_0(s.data, s.qtype) for s in shards]
+            if all(q is not None for q in q8):
+                shards, qtypes = [GGUFBlocks(Q8_0, q) for q in q8], {Q8_0}
         if len(qtypes) == 1 and None not in qtypes:
             (qtype,) = qtypes
             layer.qtype = qtype
