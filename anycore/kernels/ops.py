@@ -130,7 +130,7 @@ OP_SPECS: tuple[OpSpec, ...] = (
                "(anycore.kernels.tree_attention)"),
     OpSpec("gguf_linear", reference.gguf_linear, gguf.gguf_linear_torch, "gguf", _gguf_native_when,
            doc="gguf_linear(x, qweight, qtype, bias=None): qweight the GGUF file's blocks uint8 [N, K/32 * "
-               "block bytes] of ggml type qtype (Q4_0, Q4_1, Q8_0; anycore.kernels.gguf), int8 activations"),
+               "block bytes] of ggml type qtype (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K; anycore.kernels.gguf), int8 activations"),
     # one portable C++ kernel (csrc/common/shm_all_reduce.cpp, no per-ISA table), bound by the
     # tensor-parallel group (anycore/distributed/shm.py), not by a variant
     OpSpec("shm_all_reduce", shm_all_reduce.shm_all_reduce, shm_all_reduce.shm_all_reduce,
