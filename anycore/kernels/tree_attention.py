@@ -18,24 +18,30 @@ import torch
 import torch.nn.functional as F
 
 
-def tree_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, q_start_loc: torch.Tensor,
-                             seq_lens: torch.Tensor, slot_table: torch.Tensor, mask: torch.Tensor,
-                             scale: float) -> torch.Tensor:
-    """fp32 math, one request and one head group at a time (the oracle)."""
-    out = torch.empty_like(q)
-    group = q.shape[1] // k_cache.shape[1]
+def _requests(q_start_loc: torch.Tensor, seq_lens: torch.Tensor, slot_table: torch.Tensor, mask: torch.Tensor):
+    """Per request with new tokens: (first row, end row, its slots [L], visible [n, L] bool),
+    the whole cached prefix visible and the new tokens through ``mask``."""
     starts = q_start_loc.tolist()
     for i, seq_len in enumerate(seq_lens.tolist()):
         a, b = starts[i], starts[i + 1]
         n = b - a
         if n == 0:
             continue
-        slots = slot_table[i, :seq_len].long()
+        visible = torch.ones(n, seq_len, dtype=torch.bool)
+        visible[:, seq_len - n :] = mask[a:b, :n]
+        yield a, b, slot_table[i, :seq_len].long(), visible
+
+
+def tree_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, q_start_loc: torch.Tensor,
+                             seq_lens: torch.Tensor, slot_table: torch.Tensor, mask: torch.Tensor,
+                             scale: float) -> torch.Tensor:
+    """fp32 math, one request and one head group at a time (the oracle)."""
+    out = torch.empty_like(q)
+    group = q.shape[1] // k_cache.shape[1]
+    for a, b, slots, visible in _requests(q_start_loc, seq_lens, slot_table, mask):
         k = k_cache[slots].repeat_interleave(group, dim=1).float()  # [L, H, D]
         v = v_cache[slots].repeat_interleave(group, dim=1).float()
         scores = torch.einsum("nhd,lhd->hnl", q[a:b].float(), k) * scale
-        visible = torch.ones(n, seq_len, dtype=torch.bool)
-        visible[:, seq_len - n :] = mask[a:b, :n]
         scores = scores.masked_fill(~visible[None], float("-inf"))
         out[a:b] = torch.einsum("hnl,lhd->nhd", scores.softmax(dim=-1), v).to(q.dtype)
     return out
@@ -47,17 +53,9 @@ def tree_attention_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
     """The same through ``scaled_dot_product_attention`` with a boolean mask per request."""
     out = torch.empty_like(q)
     gqa = q.shape[1] != k_cache.shape[1]
-    starts = q_start_loc.tolist()
-    for i, seq_len in enumerate(seq_lens.tolist()):
-        a, b = starts[i], starts[i + 1]
-        n = b - a
-        if n == 0:
-            continue
-        slots = slot_table[i, :seq_len].long()
+    for a, b, slots, visible in _requests(q_start_loc, seq_lens, slot_table, mask):
         k = k_cache[slots].transpose(0, 1)  # [KV, L, D]
         v = v_cache[slots].transpose(0, 1)
-        visible = torch.ones(n, seq_len, dtype=torch.bool)
-        visible[:, seq_len - n :] = mask[a:b, :n]
         o = F.scaled_dot_product_attention(q[a:b].transpose(0, 1), k, v, attn_mask=visible, scale=scale,
                                            enable_gqa=gqa)
         out[a:b] = o.transpose(0, 1)
