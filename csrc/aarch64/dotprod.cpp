@@ -63,7 +63,6 @@ struct DotprodMicro {
 // (Q4: low and high nibbles, 0..15 as signed bytes; Q8_0: the int8 values), two SDOTs per
 // activation row into 4 int32 lanes, scaled and summed in fp32 lanes.
 struct GgufDotprodMicro {
-  static constexpr bool kFourRows = false;
   // Q5_0 and the K-quants: each 32-weight (sub-)block unpacked by gguf_decode32 (portable C++,
   // kernel_table.h) into int8 (Q5 0..31, Q6_K -32..31: all fit), then SDOT per half of 16, each
   // half scaled by its own scale (they differ only in Q6_K).

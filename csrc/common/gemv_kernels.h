@@ -5,7 +5,6 @@
 
 #include "kernel_helpers.h"
 #include "parallel.h"
-#include "prefetch.h"
 
 namespace anycore {
 namespace {
@@ -22,9 +21,9 @@ inline void dot_tile_bf16(const bf16* x, int64_t xs, int64_t mr, const bf16* w, 
   }
 }
 
-// Streams each weight row once per call; the M activation rows stay in L1. Four weight rows
-// at a time give four independent accumulator chains per activation row; with VDPBF16PS,
-// up to four activation rows share each weight load (dot_tile_bf16).
+// Streams each weight row once per call; the M activation rows stay in L1. Work is split in
+// tiles of four weight rows; with VDPBF16PS up to four activation rows share each weight load
+// (dot_tile_bf16).
 template <typename V, typename T>
 void linear_kernel(void* out_, const void* x_, int64_t xs, const void* w_, const void* bias_, int64_t m,
                    int64_t n, int64_t k) {
@@ -42,17 +41,21 @@ void linear_kernel(void* out_, const void* x_, int64_t xs, const void* w_, const
         if constexpr (V::kBf16Dot && kIsBf16<T>) {
           dot_tile_bf16<V>(x + i0 * xs, xs, mr, w + n0 * k, k, nr, res);
         } else {
+          // Each weight row from its start to its end (one sequential stream, see dot_tile in
+          // x86/vec_avx512.h for why), two accumulator chains per row.
           for (int64_t i = 0; i < mr; ++i) {
             const T* xr = x + (i0 + i) * xs;
-            V acc[kRows] = {V::zero(), V::zero(), V::zero(), V::zero()};
-            for (int64_t j = 0; j < k; j += V::W) {
-              V xv = load_any<V>(xr + j, k - j);
-              for (int64_t r = 0; r < nr; ++r) {
-                prefetch_stream(w + (n0 + r) * k + j);
-                acc[r] = V::fma(xv, load_any<V>(w + (n0 + r) * k + j, k - j), acc[r]);
+            for (int64_t r = 0; r < nr; ++r) {
+              const T* wr = w + (n0 + r) * k;
+              V a0 = V::zero(), a1 = V::zero();
+              int64_t j = 0;
+              for (; j + 2 * V::W <= k; j += 2 * V::W) {
+                a0 = V::fma(load_any<V>(xr + j, V::W), load_any<V>(wr + j, V::W), a0);
+                a1 = V::fma(load_any<V>(xr + j + V::W, V::W), load_any<V>(wr + j + V::W, V::W), a1);
               }
+              for (; j < k; j += V::W) a0 = V::fma(load_any<V>(xr + j, k - j), load_any<V>(wr + j, k - j), a0);
+              res[i * kRows + r] = a0.sum() + a1.sum();
             }
-            for (int64_t r = 0; r < nr; ++r) res[i * kRows + r] = acc[r].sum();
           }
         }
         for (int64_t i = 0; i < mr; ++i) {

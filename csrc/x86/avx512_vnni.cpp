@@ -15,52 +15,6 @@ using VnniMicro = VnniMicroT<4, 1>;
 // (VPSIGNB), the same products. The 8 int32 lanes are scaled and summed in fp32 lanes; one
 // horizontal sum per output at the end.
 struct GgufVnniMicro {
-  // Four consecutive weight rows against one activation row (decode): the rows' nibbles side by
-  // side in one 512-bit vector (128 bits a row), so one VPDPBUSD pair does 4 rows x 32 weights
-  // and each row's scale is a 4-lane group. Q4 formats only (kFourRows); Q8_0 runs row by row.
-  static constexpr bool kFourRows = true;
-
-  static __m128 four_halves(const uint8_t* p, int64_t stride) {
-    uint16_t h0, h1, h2, h3;
-    std::memcpy(&h0, p, 2), std::memcpy(&h1, p + stride, 2), std::memcpy(&h2, p + 2 * stride, 2),
-        std::memcpy(&h3, p + 3 * stride, 2);
-    return _mm_cvtph_ps(_mm_setr_epi16(static_cast<short>(h0), static_cast<short>(h1), static_cast<short>(h2),
-                                       static_cast<short>(h3), 0, 0, 0, 0));
-  }
-
-  template <int QT>
-  static void dot4(const uint8_t* w, int64_t row_bytes, int64_t nb, const int8_t* qx, const float* dx,
-                   const float* sx, float* out) {
-    static_assert(QT != kGgufQ8_0, "Q8_0 runs row by row");
-    constexpr int64_t bb = gguf_block_bytes(QT);
-    constexpr int hdr = QT == kGgufQ4_1 ? 4 : 2;
-    const __m512i low4 = _mm512_set1_epi8(0x0F), zero = _mm512_setzero_si512();
-    const __m512i spread = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
-    __m512 acc = _mm512_setzero_ps();
-    __m128 corr = _mm_setzero_ps();
-    for (int64_t b = 0; b < nb; ++b) {
-      const uint8_t* p = w + b * bb;
-      const __m128 dw = four_halves(p, row_bytes);
-      const __m128 s4 = _mm_mul_ps(dw, _mm_set1_ps(dx[b]));
-      const __m512 s16 = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(s4));
-      __m512i raw = _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + hdr)));
-      raw = _mm512_inserti32x4(raw, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + row_bytes + hdr)), 1);
-      raw = _mm512_inserti32x4(raw, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2 * row_bytes + hdr)), 2);
-      raw = _mm512_inserti32x4(raw, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 3 * row_bytes + hdr)), 3);
-      const __m512i lo = _mm512_and_si512(raw, low4), hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
-      const int8_t* xb = qx + b * kGgufBlock;
-      const __m512i xlo = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xb)));
-      const __m512i xhi = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xb + 16)));
-      const __m512i s = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(zero, lo, xlo), hi, xhi);
-      acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), s16, acc);
-      const __m128 mw = QT == kGgufQ4_1 ? four_halves(p + 2, row_bytes) : _mm_mul_ps(dw, _mm_set1_ps(-8.0f));
-      corr = _mm_fmadd_ps(mw, _mm_set1_ps(sx[b]), corr);
-    }
-    const __m128 a0 = _mm512_extractf32x4_ps(acc, 0), a1 = _mm512_extractf32x4_ps(acc, 1);
-    const __m128 a2 = _mm512_extractf32x4_ps(acc, 2), a3 = _mm512_extractf32x4_ps(acc, 3);
-    _mm_storeu_ps(out, _mm_add_ps(_mm_hadd_ps(_mm_hadd_ps(a0, a1), _mm_hadd_ps(a2, a3)), corr));
-  }
-
   template <int R>
   static void finish(const __m256* acc, const float* corr, float* out) {
 #pragma GCC unroll 4

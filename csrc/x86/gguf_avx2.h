@@ -16,7 +16,6 @@ namespace anycore {
 namespace {
 
 struct GgufAvx2Micro {
-  static constexpr bool kFourRows = false;
 
   static __m256i dot_u8s8(__m256i u, __m256i s) {
     return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));

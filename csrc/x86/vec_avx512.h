@@ -6,7 +6,6 @@
 #include <cstdint>
 
 #include "../common/bf16.h"
-#include "../common/prefetch.h"
 
 namespace anycore {
 namespace {
@@ -106,30 +105,38 @@ struct VecAvx512 {
   // res[i * 4 + r] = dot(x + i * xs, w + r * k) for i < MR <= 4, r < nr <= 4: each weight
   // vector is loaded once for all MR activation rows (small-batch GEMM reads W once); called
   // through dot_tile_bf16 in common/gemv_kernels.h.
+  //
+  // The weight rows are read one after the other, each from its start to its end: the nr rows
+  // are adjacent in memory, so the tile is one sequential stream. Reading the four rows side by
+  // side (four streams k * 2 bytes apart, each only a few cache lines long) kept the hardware
+  // prefetchers from ever ramping up: on a 2-core AMD EPYC (Zen 4) that pattern read 9.4 GB/s
+  // per core against 23.6 GB/s for this order (SmolLM2-135M's 3072 x 576 GEMV), and a software
+  // prefetch 8 KiB ahead made the sequential order slower (22.2 GB/s), so there is none.
+  // Two accumulators per activation row split the dependency chain; every row, whatever MR,
+  // sums in the same order, so a row's result does not depend on the batch it came in.
   template <int MR>
   static void dot_tile(const bf16* x, int64_t xs, const bf16* w, int64_t k, int64_t nr, float* res) {
 #ifdef ANYCORE_AVX512_BF16
-    __m512 acc[MR][4];
-    for (int i = 0; i < MR; ++i)
-      for (int r = 0; r < 4; ++r) acc[i][r] = _mm512_setzero_ps();
-    for (int64_t j = 0; j < k; j += 32) {
-      __mmask32 m = k - j >= 32 ? ~__mmask32{0} : static_cast<__mmask32>((1ull << (k - j)) - 1ull);
-      __m512bh wv[4];
-      for (int r = 0; r < 4; ++r) {
-        if (r < nr) {
-          prefetch_stream(w + r * k + j);
-          wv[r] = (__m512bh)_mm512_maskz_loadu_epi16(m, w + r * k + j);
-        } else {
-          wv[r] = (__m512bh)_mm512_setzero_si512();
+    for (int64_t r = 0; r < nr; ++r) {
+      const bf16* wr = w + r * k;
+      __m512 acc[MR][2];
+      for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+      int64_t j = 0;
+      for (; j + 64 <= k; j += 64) {
+        const __m512bh w0 = (__m512bh)_mm512_loadu_si512(wr + j), w1 = (__m512bh)_mm512_loadu_si512(wr + j + 32);
+        for (int i = 0; i < MR; ++i) {
+          acc[i][0] = _mm512_dpbf16_ps(acc[i][0], (__m512bh)_mm512_loadu_si512(x + i * xs + j), w0);
+          acc[i][1] = _mm512_dpbf16_ps(acc[i][1], (__m512bh)_mm512_loadu_si512(x + i * xs + j + 32), w1);
         }
       }
-      for (int i = 0; i < MR; ++i) {
-        __m512bh xv = (__m512bh)_mm512_maskz_loadu_epi16(m, x + i * xs + j);
-        for (int r = 0; r < 4; ++r) acc[i][r] = _mm512_dpbf16_ps(acc[i][r], xv, wv[r]);
+      for (; j < k; j += 32) {
+        const __mmask32 m = k - j >= 32 ? ~__mmask32{0} : static_cast<__mmask32>((1ull << (k - j)) - 1ull);
+        const __m512bh wv = (__m512bh)_mm512_maskz_loadu_epi16(m, wr + j);
+        for (int i = 0; i < MR; ++i)
+          acc[i][0] = _mm512_dpbf16_ps(acc[i][0], (__m512bh)_mm512_maskz_loadu_epi16(m, x + i * xs + j), wv);
       }
+      for (int i = 0; i < MR; ++i) res[i * 4 + r] = _mm512_reduce_add_ps(_mm512_add_ps(acc[i][0], acc[i][1]));
     }
-    for (int i = 0; i < MR; ++i)
-      for (int r = 0; r < nr; ++r) res[i * 4 + r] = _mm512_reduce_add_ps(acc[i][r]);
 #else
     for (int i = 0; i < MR; ++i)
       for (int64_t r = 0; r < nr; ++r) res[i * 4 + r] = dot_bf16(x + i * xs, w + r * k, k);
