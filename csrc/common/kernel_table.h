@@ -211,6 +211,9 @@ struct GgufKernels {
   // output rows (each written at its own column of out)
   void (*quantize_rows)(const GgufArgs& args);
   void (*gemv_rows)(const GgufArgs& args, int64_t n0, int64_t n1);
+  // weight rows [n0, n1) dequantized into out ([n, k] of out_type): the dense path for more
+  // than kGgufInt8MaxRows activation rows (x, m, bias and workspace unused)
+  void (*dequantize_rows)(const GgufArgs& args, int64_t n0, int64_t n1);
 };
 
 // The kernels a vector variant (kernels_impl.h, ANYCORE_DEFINE_TABLE) writes once over its vector

@@ -306,30 +306,20 @@ const GgufKernels& gguf_table(int64_t impl) {
 
 namespace {
 
-// More than kGgufInt8MaxRows activation rows (prefill): the blocks dequantized to x's dtype,
-// then at::linear (oneDNN's GEMM), as anycore/kernels/gguf.py specifies.
+// More than kGgufInt8MaxRows activation rows (prefill): the blocks dequantized to x's dtype by
+// variant impl's kernel, then at::linear (oneDNN's GEMM), as anycore/kernels/gguf.py specifies.
 at::Tensor gguf_dense_linear(const at::Tensor& x, const at::Tensor& qweight, int qtype, int64_t n, int64_t k,
-                             const std::optional<at::Tensor>& bias) {
-  // straight into x's dtype, a block at a time (no fp32 copy of the whole weight)
+                             const std::optional<at::Tensor>& bias, int64_t impl) {
+  // straight into x's dtype (no fp32 copy of the whole weight)
   at::Tensor w = at::empty({n, k}, x.options());
-  const bool to_bf16 = x.scalar_type() == at::kBFloat16;
-  const uint8_t* src = qweight.data_ptr<uint8_t>();
-  const int64_t row_bytes = gguf_row_bytes(qtype, k), nb = k / kGgufBlock;
-  at::parallel_for(0, n, 16, [&](int64_t r0, int64_t r1) {
-    float block[kGgufBlock];
-    for (int64_t r = r0; r < r1; ++r) {
-      for (int64_t b = 0; b < nb; ++b) {
-        gguf_dequantize_block32(src + r * row_bytes, qtype, b, block);
-        const int64_t at = r * k + b * kGgufBlock;
-        if (to_bf16) {
-          bf16* dst = reinterpret_cast<bf16*>(w.data_ptr()) + at;
-          for (int i = 0; i < kGgufBlock; ++i) dst[i] = float_to_bf16(block[i]);
-        } else {
-          std::memcpy(w.data_ptr<float>() + at, block, sizeof(block));
-        }
-      }
-    }
-  });
+  GgufArgs a{};
+  a.w = qweight.data_ptr<uint8_t>();
+  a.qtype = qtype;
+  a.k = k, a.n = n;
+  a.out = w.data_ptr();
+  a.out_type = x.scalar_type() == at::kBFloat16 ? 1 : 0;
+  const GgufKernels& kernels = gguf_table(impl);
+  at::parallel_for(0, n, 16, [&](int64_t r0, int64_t r1) { kernels.dequantize_rows(a, r0, r1); });
   std::optional<at::Tensor> b;
   if (bias.has_value() && bias->defined()) b = bias->to(x.scalar_type());
   return at::linear(x, w, b);
@@ -353,7 +343,7 @@ at::Tensor gguf_linear(const at::Tensor& x_in, const at::Tensor& qweight, int64_
   TORCH_CHECK(x_in.size(-1) == k, "gguf_linear: x has ", x_in.size(-1), " features, the weight ", k);
   at::Tensor x = as_rows(x_in);
   const int64_t m = x.size(0);
-  if (m > kGgufInt8MaxRows) return gguf_dense_linear(x_in, qweight, static_cast<int>(qtype), n, k, bias);
+  if (m > kGgufInt8MaxRows) return gguf_dense_linear(x_in, qweight, static_cast<int>(qtype), n, k, bias, impl);
   GgufArgs a{};
   at::Tensor bc;
   if (bias.has_value() && bias->defined()) {
