@@ -239,8 +239,8 @@ class EngineConfig:
     # many tokens' time (Scheduler.schedule(max_steps), engine/native_executor.py)
     decode_burst: int = 1
     kernels: str | None = None  # override string for the kernel table, e.g. "torch-native"
-    # None (auto): a GGUF file's quantized projections run in their own blocks ("gguf") when the
-    # dtype is bfloat16, other checkpoints as they say; "none": dequantized / dense weights;
+    # None (auto): a GGUF file's quantized projections, embedding table and logits head run in
+    # their own blocks ("gguf") when the dtype is bfloat16, other checkpoints as they say; "none": dequantized / dense weights;
     # "w8a8_int8" (online); pre-quantized checkpoints say so themselves
     quantization: str | None = None
     # online quantization only: the logits head too (int8, smoothed; +0.2% perplexity on

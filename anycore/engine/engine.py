@@ -50,12 +50,13 @@ log = logging.getLogger("anycore")
 def streamed_weight_bytes(model: torch.nn.Module) -> int:
     """Bytes of weights one decode step reads: every parameter and buffer, except embedding
     tables that are only gathered from (a row per token), i.e. all but one the logits head
-    multiplies by (tied, not replaced by an int8 copy). MoE experts count top_k of every
+    multiplies by (tied, not replaced by an int8 copy or the GGUF file's blocks). MoE experts count top_k of every
     layer's experts: what a batch-1 decode token streams."""
     heads = [m for m in model.modules() if isinstance(m, LogitsHead)]
+    head_tensors = {id(t) for h in heads for t in (*h.parameters(recurse=False), *h.buffers(recurse=False))}
     gathered = {id(t) for m in model.modules() if isinstance(m, VocabEmbedding)
-                and not any(h.tied_to is m and h.int8_kernel is None for h in heads)
-                for t in (*m.parameters(recurse=False), *m.buffers(recurse=False))}
+                and not any(h.tied_to is m and h.multiplies_table for h in heads)
+                for t in (*m.parameters(recurse=False), *m.buffers(recurse=False))} - head_tensors
     experts = [m for m in model.modules() if isinstance(m, StackedExperts)]
     expert_tensors = {id(t) for m in experts for t in (*m.parameters(recurse=False), *m.buffers(recurse=False))}
     tensors = {id(t): t for t in [*model.parameters(), *model.buffers()]
@@ -63,6 +64,20 @@ def streamed_weight_bytes(model: torch.nn.Module) -> int:
     active = sum(t.numel() * t.element_size() * m.top_k // m.num_experts
                  for m in experts for t in (*m.parameters(recurse=False), *m.buffers(recurse=False)))
     return sum(t.numel() * t.element_size() for t in tensors.values()) + active
+
+
+def _table_and_head_in_blocks(model: torch.nn.Module, source) -> None:
+    """``--quantization gguf``: the embedding table and the logits head keep the file's blocks
+    too when their type has a kernel (as llama.cpp runs them); a tied pair shares one tensor."""
+    table, head = getattr(model, "embed_tokens", None), getattr(model, "lm_head", None)
+    if not isinstance(table, VocabEmbedding) or not isinstance(head, LogitsHead):
+        return
+    table_blocks = source.matrix_blocks("model.embed_tokens.weight")
+    head_blocks = table_blocks if head.tied_to is table else source.matrix_blocks("lm_head.weight")
+    if head_blocks is not None:
+        head.use_gguf_blocks(head_blocks)  # (first: a tied head checks its shape on the float table)
+    if table_blocks is not None:
+        table.use_gguf_blocks(table_blocks)
 
 
 def gguf_summary(model: torch.nn.Module, native_stack: bool) -> str:
@@ -78,8 +93,14 @@ def gguf_summary(model: torch.nn.Module, native_stack: bool) -> str:
              if isinstance(m, Linear) and m.method.name == GGUF and getattr(m, "kernels", None) is not None}
     kernel = f"gguf_linear on {', '.join(sorted(i for i in impls if i))}; " if impls else ""
     where = "in the native decoder stack" if native_stack else "op by op"
+    heads = [m for m in model.modules() if isinstance(m, LogitsHead)]
+    head = (f"logits head {format_name(heads[0].gguf_qtype)}" if heads and heads[0].gguf_qtype is not None
+            else "logits head dense")
+    tables = [m for m in model.modules() if isinstance(m, VocabEmbedding)]
+    table = (f"embedding {format_name(tables[0].gguf_qtype)}" if tables and tables[0].gguf_qtype is not None
+             else "embedding dense")
     return (f"projections {', '.join(f'{n} {k}' for k, n in sorted(kinds.items()))}; {kernel}{where}; "
-            "embedding and logits head dense")
+            f"{head}, {table}")
 
 
 class Engine:
@@ -127,6 +148,8 @@ class Engine:
         # float weights, calibrates, smooths and quantizes once the runner exists (below)
         self.model = build_model(mc, self.ops, self.dtype, weights, max_len,
                                  linear_method_factory(self.quantization, True) if prequantized else None)
+        if self.quantization == GGUF:
+            _table_and_head_in_blocks(self.model, source)
         kv_heads = mc.num_kv_heads
         if self.parallel is not None:  # this rank's shard; its KV pool holds only its KV heads
             from anycore.layers.parallel import shard_llama_family

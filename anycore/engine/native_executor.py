@@ -200,7 +200,7 @@ class NativeExecutor:
         stack, embed, head, impl = args
         m, g = self.model, self.geometry
         emb = m.embed_tokens
-        vocab, hidden = emb.table_shape if emb.shared_head is not None else embed[0].shape
+        vocab, hidden = emb.table_shape if emb.shared_head is not None or emb.gguf_qtype is not None else embed[0].shape
         tokens = self.ops.decode_greedy(
             token, start, steps, embed, impl, vocab, hidden, stack.native, k_pool, v_pool, slot_row, m.rotary.cos,
             m.rotary.sin, m.norm.weight, head, impl, g.num_heads, g.num_kv_heads, g.head_dim, g.eps, m.norm.eps,
@@ -218,7 +218,12 @@ class NativeExecutor:
         h, emb = m.lm_head, m.embed_tokens
         if ops.decode_greedy is None or emb.dtype != torch.bfloat16:
             return None
-        if h.int8_kernel is not None:
+        if h.gguf_qtype is not None:
+            impl = ops.native_index.get("gguf_linear")
+            if impl is None or h.kernels is not ops:
+                return None
+            head = [h.gguf_qweight, h.gguf_qtype_tensor]
+        elif h.int8_kernel is not None:
             impl = ops.native_index.get("w8a8_linear")
             if impl is None or h.int8_kernel is not ops.w8a8_linear:
                 return None
@@ -233,6 +238,8 @@ class NativeExecutor:
             if emb.shared_head is not h:
                 return None
             embed = head
+        elif emb.gguf_qtype is not None:
+            embed = [emb.gguf_rows, emb.gguf_qtype_tensor]
         elif emb.is_int8:
             embed = [emb.qweight, emb.row_scale]
         else:

@@ -6,12 +6,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from anycore.kernels.gguf import INT8_MAX_ROWS, dequantize, gguf_linear_torch
 from anycore.kernels.int8 import TORCH_NATIVE_W8A8, Int8Linear, quantize_weight_per_channel
 from anycore.kernels.ops import KernelOps
 
 
 class VocabEmbedding(nn.Module):
-    """The token embedding table: bf16/fp32, or int8 rows with a per-row scale.
+    """The token embedding table: bf16/fp32, int8 rows with a per-row scale, or a GGUF file's blocks.
 
     A lookup reads one row per token, so an int8 table costs nothing in speed; what it saves is
     memory: half the table (SmolLM2-135M 57 -> 28 MB; a 128k-vocabulary 4096-wide model 1 GB ->
@@ -23,6 +24,11 @@ class VocabEmbedding(nn.Module):
       the same matrix, packed for the W8A8 kernel (its columns smoothed: each row is scaled back
       by the head's ``inv_smooth``). One int8 copy of the matrix instead of two: the tied,
       quantized SmolLM2-135M keeps 28 MB less.
+
+    ``use_gguf_blocks`` (``--quantization gguf``) keeps the file's blocks of the table and
+    dequantizes the looked-up rows only, each exactly as the loader would have (the same rows a
+    float table holds); tied, the blocks are the very tensor the logits head multiplies by, so
+    SmolLM2-135M's Q8_0 table is held once (30 MB) instead of a bf16 copy (57 MB) beside it.
     """
 
     def __init__(self, vocab_size: int, hidden_size: int, dtype: torch.dtype) -> None:
@@ -30,6 +36,7 @@ class VocabEmbedding(nn.Module):
         self.dtype = dtype
         self.weight = nn.Parameter(torch.empty(vocab_size, hidden_size, dtype=dtype), requires_grad=False)
         self.shared_head: LogitsHead | None = None  # (a plain reference: not a submodule of the table)
+        self.gguf_qtype: int | None = None
 
     @torch.no_grad()  # (not inference_mode: inference tensors cannot move into the weight block)
     def quantize_int8(self) -> None:
@@ -53,11 +60,26 @@ class VocabEmbedding(nn.Module):
         object.__setattr__(self, "shared_head", head)  # bypasses Module.__setattr__: no submodule
         self.table_shape = (vocab_size, hidden_size)
 
+    @torch.no_grad()
+    def use_gguf_blocks(self, blocks) -> None:
+        """Drops the float table for ``blocks`` (GGUFBlocks [vocab, hidden], gguf_blocks.py)."""
+        if tuple(blocks.shape) != tuple(self.weight.shape):
+            raise ValueError(f"embedding blocks {tuple(blocks.shape)} != the table's {tuple(self.weight.shape)}")
+        self.table_shape = tuple(self.weight.shape)
+        del self.weight
+        self.register_buffer("weight", None, persistent=False)
+        self.register_buffer("gguf_rows", blocks.data)
+        self.gguf_qtype = int(blocks.qtype)
+        self.gguf_qtype_tensor = torch.tensor([self.gguf_qtype], dtype=torch.int64)  # (decode_greedy's form)
+
     @property
     def is_int8(self) -> bool:
-        return self.weight is None
+        return self.weight is None and self.gguf_qtype is None
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.gguf_qtype is not None:  # the looked-up rows' blocks dequantized, in fp32 then the dtype
+            rows = dequantize(self.gguf_rows.index_select(0, input_ids.reshape(-1)), self.gguf_qtype)
+            return rows.to(self.dtype).reshape(*input_ids.shape, self.table_shape[1])
         head = self.shared_head
         if head is not None:  # rows unpacked and dequantized per looked-up token only
             ids = input_ids.reshape(-1)
@@ -81,6 +103,12 @@ class LogitsHead(nn.Module):
     divided by s_j at run time and the int8 copy's column j is multiplied by it. Measured on
     SmolLM2-135M (wikitext-2, 32k tokens, W8A8 body): perplexity +0.2% smoothed, +0.5% without.
     An untied head drops its float matrix; a tied one leaves the embedding's for the lookups.
+
+    ``use_gguf_blocks(blocks)`` (``--quantization gguf``) multiplies by the GGUF file's own blocks
+    of the matrix through ``gguf_linear`` instead, as llama.cpp does: int8 activations per
+    32-block, fp32 logits, at most ``INT8_MAX_ROWS`` rows per call (more rows go in slices of that
+    many, so no call falls back to dequantizing the whole vocabulary, and a row's logits do not
+    depend on how many rows came with it).
     """
 
     def __init__(
@@ -92,6 +120,7 @@ class LogitsHead(nn.Module):
         self.matmul = ops.linear if ops is not None else F.linear
         self.kernels = ops
         self.int8_kernel: Int8Linear | None = None
+        self.gguf_qtype: int | None = None
         if tied_to is None:
             self.weight = nn.Parameter(torch.empty(vocab_size, hidden_size, dtype=dtype), requires_grad=False)
 
@@ -118,7 +147,33 @@ class LogitsHead(nn.Module):
             del self.weight
             self.register_buffer("weight", None, persistent=False)
 
+    @torch.no_grad()
+    def use_gguf_blocks(self, blocks) -> None:
+        """``blocks``: the matrix's GGUFBlocks (anycore/layers/quant/gguf_blocks.py), [vocab, hidden]."""
+        weight = self.tied_to.weight if self.tied_to is not None else self.weight
+        if tuple(blocks.shape) != tuple(weight.shape):
+            raise ValueError(f"logits head blocks {tuple(blocks.shape)} != the head's {tuple(weight.shape)}")
+        self.register_buffer("gguf_qweight", blocks.data.contiguous())
+        self.gguf_qtype = int(blocks.qtype)
+        # the native decode's form of the block type (csrc/common/decode_greedy.cpp)
+        self.gguf_qtype_tensor = torch.tensor([self.gguf_qtype], dtype=torch.int64)
+        if self.tied_to is None:
+            del self.weight
+            self.register_buffer("weight", None, persistent=False)
+
+    @property
+    def multiplies_table(self) -> bool:
+        """Whether the head multiplies by the tied embedding table itself (no copy of its own)."""
+        return self.tied_to is not None and self.int8_kernel is None and self.gguf_qtype is None
+
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.gguf_qtype is not None:
+            op = self.kernels.gguf_linear if self.kernels is not None else gguf_linear_torch
+            x = hidden.float().reshape(-1, hidden.shape[-1])
+            rows = [op(x[r : r + INT8_MAX_ROWS], self.gguf_qweight, self.gguf_qtype, None)
+                    for r in range(0, x.shape[0], INT8_MAX_ROWS)]
+            out = rows[0] if len(rows) == 1 else torch.cat(rows)
+            return out.reshape(*hidden.shape[:-1], out.shape[-1])
         if self.int8_kernel is not None:
             x = hidden.float() if self.inv_smooth is None else hidden.float() * self.inv_smooth
             return self.int8_kernel(x, self.qweight_packed, self.w_scale)

@@ -235,6 +235,17 @@ def open_gguf(path: Path) -> ModelSource:
             arr = _unpermute(arr, config.num_kv_heads)
         return GGUFBlocks(qtype, torch.from_numpy(np.array(arr, dtype=np.uint8, copy=True)))
 
+    def matrix_blocks(name: str):
+        """Any 2-D tensor (the embedding table, the logits head) in a block type gguf_linear runs,
+        as its file blocks, else None (no un-permuting: for tables, not Q/K projections)."""
+        from anycore.kernels.gguf import FORMATS
+        from anycore.layers.quant.gguf_blocks import GGUFBlocks
+
+        t = raw.get(name)
+        if t is None or int(t.tensor_type) not in FORMATS or len(t.shape) != 2:
+            return None
+        return GGUFBlocks(int(t.tensor_type), torch.from_numpy(np.array(np.asarray(t.data), dtype=np.uint8, copy=True)))
+
     from anycore.kernels.gguf import FORMATS
 
     has_blocks = any(n.endswith("_proj.weight") and int(t.tensor_type) in FORMATS and len(t.shape) == 2
@@ -250,4 +261,5 @@ def open_gguf(path: Path) -> ModelSource:
         _weights=load,
         _blocks=blocks,
         has_blocks=has_blocks,
+        _matrix_blocks=matrix_blocks,
     )

@@ -30,6 +30,9 @@ class ModelSource:
     # GGUF: the file has projection weights in a block type the kernels run (then the default
     # quantization serves them as blocks, layers/quant/__init__.py resolve_quantization)
     has_blocks: bool = False
+    # GGUF: callable(name) -> GGUFBlocks of any 2-D tensor in a block type the kernels run (the
+    # embedding table, the logits head), else None
+    _matrix_blocks: Any = field(repr=False, default=None)
 
     def weights(self, dtype: torch.dtype, native_blocks: bool = False) -> Iterator[tuple[str, Any]]:
         """(name, tensor) pairs; ``native_blocks``: projection weights the GGUF kernels run come
@@ -37,6 +40,11 @@ class ModelSource:
         for name in self.weight_names:
             blocks = self._blocks(name) if native_blocks and self._blocks is not None else None
             yield name, blocks if blocks is not None else self._weights(name, dtype)
+
+    def matrix_blocks(self, name: str) -> Any:
+        """Tensor ``name`` as its file blocks (GGUFBlocks), or None (not a GGUF file, no such
+        tensor, or a block type without a kernel)."""
+        return self._matrix_blocks(name) if self._matrix_blocks is not None else None
 
 
 def open_model_source(model: str | Path | None) -> ModelSource:

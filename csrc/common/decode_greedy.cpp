@@ -16,6 +16,7 @@
 #include <cmath>
 #include <vector>
 
+#include "bf16.h"
 #include "ops.h"
 
 namespace anycore::ops {
@@ -32,12 +33,32 @@ int64_t first_argmax(const float* x, int64_t n) {
 }
 
 // The token's row of the embedding table, as VocabEmbedding.forward computes it: a bf16 table
-// [weight]; int8 rows [qweight, row_scale]; or the rows of a tied int8 head
-// [packed, w_scale, inv_smooth or None] (variant impl's packed layout, table [vocab, hidden]).
+// [weight]; int8 rows [qweight, row_scale]; a GGUF file's blocks [blocks, qtype] (uint8 rows,
+// the block type as int64 [1]; each block dequantized in fp32, then rounded to bf16); or the
+// rows of a tied int8 head [packed, w_scale, inv_smooth or None] (variant impl's packed layout,
+// table [vocab, hidden]).
 at::Tensor embedding_row(const c10::List<std::optional<at::Tensor>>& embed, int64_t impl, int64_t vocab,
                          int64_t hidden, const at::Tensor& ids) {
   const at::Tensor first = *embed.get(0);
   if (embed.size() == 1) return first.index_select(0, ids);
+  if (embed.size() == 2 && embed.get(1)->scalar_type() == at::kLong) {
+    const int qtype = static_cast<int>(embed.get(1)->item<int64_t>());
+    TORCH_CHECK(gguf_block_bytes(qtype) > 0 && hidden % kGgufBlock == 0 && first.scalar_type() == at::kByte &&
+                    first.is_contiguous() && first.size(0) == vocab && first.size(1) == gguf_row_bytes(qtype, hidden),
+                "decode_greedy: gguf embedding blocks must be uint8 [vocab, row bytes] of a supported type");
+    at::Tensor rows = at::empty({ids.numel(), hidden}, first.options().dtype(at::kBFloat16));
+    const int64_t* id = ids.data_ptr<int64_t>();
+    float block[kGgufBlock];
+    for (int64_t i = 0; i < ids.numel(); ++i) {
+      const uint8_t* src = first.data_ptr<uint8_t>() + id[i] * first.size(1);
+      bf16* dst = reinterpret_cast<bf16*>(rows.data_ptr()) + i * hidden;
+      for (int64_t b = 0; b < hidden / kGgufBlock; ++b) {
+        gguf_dequantize_block32(src, qtype, b, block);
+        for (int j = 0; j < kGgufBlock; ++j) dst[b * kGgufBlock + j] = float_to_bf16(block[j]);
+      }
+    }
+    return rows;
+  }
   if (embed.size() == 2) {
     return (first.index_select(0, ids).to(at::kFloat) * embed.get(1)->index_select(0, ids).unsqueeze(1))
         .to(at::kBFloat16);
@@ -53,8 +74,9 @@ at::Tensor embedding_row(const c10::List<std::optional<at::Tensor>>& embed, int6
 
 // embed: see embedding_row (embed_impl: the packed head's variant, for the tied int8 rows);
 // vocab x hidden is the table's shape. head: [weight] (bf16 [vocab, hidden], the native
-// `linear` variant head_impl) or [packed, w_scale, inv_smooth or None] (W8A8, `w8a8_linear`
-// variant head_impl, fp32 input).
+// `linear` variant head_impl), [blocks, qtype] (a GGUF file's blocks uint8 [vocab, row bytes]
+// and their block type as int64 [1], `gguf_linear` variant head_impl, fp32 input) or
+// [packed, w_scale, inv_smooth or None] (W8A8, `w8a8_linear` variant head_impl, fp32 input).
 // slot_row: int64 [1, >= start + steps], the request's KV slots by position; the slots of
 // positions start .. start + steps - 1 are written.
 at::Tensor decode_greedy(int64_t token, int64_t start, int64_t steps, const c10::List<std::optional<at::Tensor>>& embed,
@@ -75,8 +97,10 @@ at::Tensor decode_greedy(int64_t token, int64_t start, int64_t steps, const c10:
               "decode_greedy: slot_row must be int64 [1, >= start + steps]");
   TORCH_CHECK(cos_table.dim() == 2 && sin_table.sizes() == cos_table.sizes() && cos_table.size(0) >= start + steps,
               "decode_greedy: cos/sin tables must cover positions up to start + steps");
-  const bool dense = head.size() == 1;
-  TORCH_CHECK(dense || head.size() == 3, "decode_greedy: head is [weight] or [packed, w_scale, inv_smooth]");
+  const bool dense = head.size() == 1, blocks = head.size() == 2;
+  TORCH_CHECK(dense || blocks || head.size() == 3,
+              "decode_greedy: head is [weight], [blocks, qtype] or [packed, w_scale, inv_smooth]");
+  const int64_t head_qtype = blocks ? head.get(1)->item<int64_t>() : -1;
   const int64_t norm_impl = stack->op_impls[kOpAddRmsNorm];
   const at::Tensor slots = slot_row.select(0, 0);
   const at::Tensor q_start = at::arange(2, slot_row.options());
@@ -93,6 +117,8 @@ at::Tensor decode_greedy(int64_t token, int64_t start, int64_t steps, const c10:
     at::Tensor logits;
     if (dense) {
       logits = linear(normed, *head.get(0), std::nullopt, head_impl).to(at::kFloat);
+    } else if (blocks) {
+      logits = gguf_linear(normed.to(at::kFloat), *head.get(0), head_qtype, std::nullopt, head_impl);
     } else {
       at::Tensor x = normed.to(at::kFloat);
       const std::optional<at::Tensor> inv = head.get(2);

@@ -1,8 +1,9 @@
 """The default model (SmolLM2-135M, Q4_1 GGUF) served in its own blocks (``quantization="gguf"``).
 
-Loading keeps every projection as the file's blocks (never a float copy), rows un-permuted like
-the dequantized weights; next-token predictions stay close to bf16 on the dequantized weights;
-the native decoder stack (decode team included) runs the blocks bit-identically to op by op.
+Loading keeps every projection, the embedding table and the logits head as the file's blocks
+(never a float copy), rows un-permuted like the dequantized weights; next-token predictions stay
+close to bf16 on the dequantized weights; the native decoder stack (decode team included) and
+the native greedy bursts run the blocks bit-identically to op by op.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import pytest
 import torch
 
 from anycore import LLM, SamplingParams
+from anycore.kernels.gguf import Q8_0, gguf_linear_torch
 from anycore.layers.linear import Linear
 from anycore.layers.quant import resolve_quantization
 from anycore.layers.quant.gguf_blocks import GGUFBlocks
@@ -65,7 +67,7 @@ def test_next_token_predictions_close_to_bf16(llm_gguf):
 
 def test_native_stack_is_bit_identical_to_op_by_op(monkeypatch):
     # no prefix caching: a cached prompt would be prefilled as one row instead of six, and the
-    # kernel's single-row path (four weight rows at a time) rounds its sums in another order
+    # dense prefill (over 16 rows: dequantized blocks, oneDNN) rounds its sums in another order
     llm = LLM(dtype="bfloat16", quantization="gguf", kv_cache_gb=0.05, enable_prefix_caching=False)
     engine = llm.engine
     if engine.ops.decoder_stack is None or "gguf_linear" not in engine.ops.native_index:
@@ -79,6 +81,47 @@ def test_native_stack_is_bit_identical_to_op_by_op(monkeypatch):
     op_by_op = llm.generate([prompt], params)[0].outputs[0]
     assert native.token_ids == op_by_op.token_ids
     assert native.logprobs == op_by_op.logprobs
+
+
+def test_table_and_head_keep_the_files_blocks(llm_gguf, default_model_path):
+    """SmolLM2's tied token_embd is Q8_0 in the file: the head multiplies by those blocks and the
+    table looks its rows up in the same tensor (one copy, no bf16 table); a looked-up row equals
+    the dense loader's row, and the head's logits are gguf_linear's on those blocks."""
+    model = llm_gguf.engine.model
+    table, head = model.embed_tokens, model.lm_head
+    assert head.gguf_qtype == Q8_0 and table.gguf_qtype == Q8_0
+    assert table.weight is None and table.gguf_rows is head.gguf_qweight
+    dense = open_gguf(default_model_path)._weights("model.embed_tokens.weight", torch.bfloat16)
+    ids = torch.tensor([[0, 1, 504], [49151, 7, 7]])
+    assert torch.equal(table(ids), dense[ids])
+    hidden = torch.randn(3, 20, dense.shape[1], dtype=torch.bfloat16)  # 60 rows: four slices of 16
+    logits = head(hidden)
+    assert logits.shape == (3, 20, dense.shape[0]) and logits.dtype == torch.float32
+    flat = hidden.reshape(-1, dense.shape[1])
+    expected = torch.cat([gguf_linear_torch(flat[r : r + 16].float(), head.gguf_qweight, Q8_0)
+                          for r in range(0, flat.shape[0], 16)])
+    torch.testing.assert_close(logits.reshape(-1, dense.shape[0]), expected, rtol=1e-4, atol=1e-3)
+    # a row's logits do not depend on the rows that came with it
+    assert torch.equal(head(hidden[1, 3:4]), logits[1, 3:4])
+    # the decode step streams the Q8_0 table once (a tied head is not "only gathered from")
+    assert llm_gguf.engine.weight_bytes >= head.gguf_qweight.numel()
+
+
+def test_greedy_bursts_equal_single_steps_on_blocks():
+    """decode_greedy (embedding rows dequantized from the blocks, the Q8_0 head) gives the tokens
+    and KV of one-token steps."""
+    prompt = [1, 504, 3458, 282, 4649, 314]
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    runs = []
+    for burst in (8, 0):
+        llm = LLM(dtype="bfloat16", quantization="gguf", kv_cache_gb=0.02, decode_burst=burst,
+                  enable_prefix_caching=False)
+        if burst and not llm.engine.runner.native.can_decode_greedy():
+            pytest.skip("no native decode burst here")
+        out = llm.generate([prompt], params)[0].outputs[0]
+        runs.append((out.token_ids, llm.engine.kv_pool.k.clone()))
+    assert runs[0][0] == runs[1][0]
+    assert torch.equal(runs[0][1], runs[1][1])
 
 
 def test_gguf_needs_a_gguf_file():
