@@ -240,8 +240,9 @@ class EngineConfig:
     decode_burst: int = 1
     kernels: str | None = None  # override string for the kernel table, e.g. "torch-native"
     # None (auto): a GGUF file's quantized projections, embedding table and logits head run in
-    # their own blocks ("gguf") when the dtype is bfloat16, other checkpoints as they say; "none": dequantized / dense weights;
-    # "w8a8_int8" (online); pre-quantized checkpoints say so themselves
+    # their own blocks ("gguf") when the dtype is bfloat16, other checkpoints as they say;
+    # "none": dequantized / dense weights; "w8a8_int8" (online); pre-quantized checkpoints say so
+    # themselves
     quantization: str | None = None
     # online quantization only: the logits head too (int8, smoothed; +0.2% perplexity on
     # SmolLM2-135M, a quarter of a bf16 decode step's bytes there); off by default

@@ -50,8 +50,9 @@ log = logging.getLogger("anycore")
 def streamed_weight_bytes(model: torch.nn.Module) -> int:
     """Bytes of weights one decode step reads: every parameter and buffer, except embedding
     tables that are only gathered from (a row per token), i.e. all but one the logits head
-    multiplies by (tied, not replaced by an int8 copy or the GGUF file's blocks). MoE experts count top_k of every
-    layer's experts: what a batch-1 decode token streams."""
+    multiplies by (tied, with no int8 copy or GGUF blocks of its own); blocks a tied head shares
+    with its table count once. MoE experts count top_k of every layer's experts: what a batch-1
+    decode token streams."""
     heads = [m for m in model.modules() if isinstance(m, LogitsHead)]
     head_tensors = {id(t) for h in heads for t in (*h.parameters(recurse=False), *h.buffers(recurse=False))}
     gathered = {id(t) for m in model.modules() if isinstance(m, VocabEmbedding)

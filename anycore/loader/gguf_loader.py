@@ -218,33 +218,25 @@ def open_gguf(path: Path) -> ModelSource:
             arr = arr - np.float32(1.0)  # (in fp32, as transformers' GGUF loader does)
         return torch.from_numpy(np.array(arr, dtype=np.float32, copy=True)).to(dtype)
 
-    def blocks(name: str):
-        """A projection weight in a block type gguf_linear runs, as its rows of blocks
-        (Q/K rows un-permuted like the dequantized weight's), else None."""
-        from anycore.kernels.gguf import FORMATS
-        from anycore.layers.quant.gguf_blocks import GGUFBlocks
-
-        t = raw[name]
-        qtype = int(t.tensor_type)
-        if not name.endswith("_proj.weight") or qtype not in FORMATS or len(t.shape) != 2:
-            return None
-        arr = np.asarray(t.data)  # uint8 [rows, row bytes]
-        if permuted and name.endswith("self_attn.q_proj.weight"):
-            arr = _unpermute(arr, config.num_heads)
-        elif permuted and name.endswith("self_attn.k_proj.weight"):
-            arr = _unpermute(arr, config.num_kv_heads)
-        return GGUFBlocks(qtype, torch.from_numpy(np.array(arr, dtype=np.uint8, copy=True)))
-
     def matrix_blocks(name: str):
-        """Any 2-D tensor (the embedding table, the logits head) in a block type gguf_linear runs,
-        as its file blocks, else None (no un-permuting: for tables, not Q/K projections)."""
+        """A 2-D tensor in a block type gguf_linear runs, as its rows of blocks (Q/K rows
+        un-permuted like the dequantized weight's), else None."""
         from anycore.kernels.gguf import FORMATS
         from anycore.layers.quant.gguf_blocks import GGUFBlocks
 
         t = raw.get(name)
         if t is None or int(t.tensor_type) not in FORMATS or len(t.shape) != 2:
             return None
-        return GGUFBlocks(int(t.tensor_type), torch.from_numpy(np.array(np.asarray(t.data), dtype=np.uint8, copy=True)))
+        arr = np.asarray(t.data)  # uint8 [rows, row bytes]
+        if permuted and name.endswith("self_attn.q_proj.weight"):
+            arr = _unpermute(arr, config.num_heads)
+        elif permuted and name.endswith("self_attn.k_proj.weight"):
+            arr = _unpermute(arr, config.num_kv_heads)
+        return GGUFBlocks(int(t.tensor_type), torch.from_numpy(np.array(arr, dtype=np.uint8, copy=True)))
+
+    def blocks(name: str):
+        """A projection weight as its blocks (matrix_blocks), else None."""
+        return matrix_blocks(name) if name.endswith("_proj.weight") else None
 
     from anycore.kernels.gguf import FORMATS
 

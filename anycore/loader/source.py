@@ -30,8 +30,8 @@ class ModelSource:
     # GGUF: the file has projection weights in a block type the kernels run (then the default
     # quantization serves them as blocks, layers/quant/__init__.py resolve_quantization)
     has_blocks: bool = False
-    # GGUF: callable(name) -> GGUFBlocks of any 2-D tensor in a block type the kernels run (the
-    # embedding table, the logits head), else None
+    # GGUF: callable(name) -> GGUFBlocks of any 2-D tensor in a block type the kernels run (also
+    # the embedding table and the logits head), else None
     _matrix_blocks: Any = field(repr=False, default=None)
 
     def weights(self, dtype: torch.dtype, native_blocks: bool = False) -> Iterator[tuple[str, Any]]:

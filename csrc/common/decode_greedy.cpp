@@ -16,7 +16,6 @@
 #include <cmath>
 #include <vector>
 
-#include "bf16.h"
 #include "ops.h"
 
 namespace anycore::ops {
@@ -48,14 +47,12 @@ at::Tensor embedding_row(const c10::List<std::optional<at::Tensor>>& embed, int6
                 "decode_greedy: gguf embedding blocks must be uint8 [vocab, row bytes] of a supported type");
     at::Tensor rows = at::empty({ids.numel(), hidden}, first.options().dtype(at::kBFloat16));
     const int64_t* id = ids.data_ptr<int64_t>();
-    float block[kGgufBlock];
+    GgufArgs a{};  // one row at a time through the variant's dequantizer (the dense path's)
+    a.qtype = qtype, a.k = hidden, a.n = 1, a.out_type = 1;
     for (int64_t i = 0; i < ids.numel(); ++i) {
-      const uint8_t* src = first.data_ptr<uint8_t>() + id[i] * first.size(1);
-      bf16* dst = reinterpret_cast<bf16*>(rows.data_ptr()) + i * hidden;
-      for (int64_t b = 0; b < hidden / kGgufBlock; ++b) {
-        gguf_dequantize_block32(src, qtype, b, block);
-        for (int j = 0; j < kGgufBlock; ++j) dst[b * kGgufBlock + j] = float_to_bf16(block[j]);
-      }
+      a.w = first.data_ptr<uint8_t>() + id[i] * first.size(1);
+      a.out = static_cast<char*>(rows.data_ptr()) + i * hidden * rows.element_size();
+      gguf_table(impl).dequantize_rows(a, 0, 1);
     }
     return rows;
   }
