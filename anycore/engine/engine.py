@@ -33,6 +33,7 @@ from anycore.layers.quant import (
     release_free_heap,
     resolve_quantization,
 )
+from anycore.layers.quant.gguf_blocks import blocks_for
 from anycore.layers.quant.smoothing import calibration_token_ids
 from anycore.loader import open_model_source
 from anycore.models import build_model
@@ -74,7 +75,11 @@ def _table_and_head_in_blocks(model: torch.nn.Module, source) -> None:
     if not isinstance(table, VocabEmbedding) or not isinstance(head, LogitsHead):
         return
     table_blocks = source.matrix_blocks("model.embed_tokens.weight")
+    if head.tied_to is table and table_blocks is not None:  # one tensor for both, in the head kernel's layout
+        table_blocks = blocks_for(head.kernels, table_blocks)
     head_blocks = table_blocks if head.tied_to is table else source.matrix_blocks("lm_head.weight")
+    if head_blocks is not None and head.tied_to is not table:
+        head_blocks = blocks_for(head.kernels, head_blocks)
     if head_blocks is not None:
         head.use_gguf_blocks(head_blocks)  # (first: a tied head checks its shape on the float table)
     if table_blocks is not None:

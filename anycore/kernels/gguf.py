@@ -14,6 +14,14 @@ them, rows permuted at most):
   minimum; Q6_K: one int8 scale per 16 weights)
 
 Nibbles: byte ``j`` holds element ``j`` in its low 4 bits and element ``j + 16`` in its high 4.
+
+Interleaved by 16 rows (type ``X16 + t`` for ``t`` in Q4_0, Q4_1, Q8_0; ``interleave16``): the
+same bytes regrouped so that a 512-bit register holds the same 4 weights of 16 rows. Rows come in
+groups of 16; a group is ``K / 32`` tiles, tile ``b`` the 16 rows' block ``b``: their 16 fp16
+``d``, (Q4_1) their 16 fp16 ``m``, then 64-byte chunks ``c`` (4 for Q4, 8 for Q8_0) whose bytes
+``4 l .. 4 l + 3`` are row ``l``'s quant bytes ``4 c .. 4 c + 3`` (Q8_0's int8 ``q`` stored as
+``q + 128``). The load step chooses it for a weight when the bound ``gguf_linear`` variant has a
+micro-kernel for it (``prefers_interleaved``); every implementation runs both layouts.
 Every format is ``w = dw * q + mw`` per 32-block, ``dw`` taken per half of 16 (the halves' scales
 differ only in Q6_K; Q4_0: ``mw = -8 dw``; Q5_0: ``-16 dw``; Q8_0, Q6_K: ``mw = 0``, ``q`` signed).
 
@@ -44,10 +52,15 @@ INT8_MAX_ROWS = 16  # csrc/common/kernel_table.h kGgufInt8MaxRows
 Q4_0, Q4_1, Q5_0, Q8_0 = 2, 3, 6, 8
 Q4_K, Q5_K, Q6_K = K.Q4_K, K.Q5_K, K.Q6_K
 # ggml type id -> (name, bytes per block, weights per block)
-FORMATS: dict[int, tuple[str, int, int]] = {
+FILE_FORMATS: dict[int, tuple[str, int, int]] = {
     Q4_0: ("Q4_0", 18, 32), Q4_1: ("Q4_1", 20, 32), Q5_0: ("Q5_0", 22, 32), Q8_0: ("Q8_0", 34, 32),
     Q4_K: ("Q4_K", 144, 256), Q5_K: ("Q5_K", 176, 256), Q6_K: ("Q6_K", 210, 256),
 }
+X16 = 100  # + a file type: its 16-row interleaved layout (csrc/common/kernel_table.h kGgufX16)
+GROUP = 16
+_X16_QUANTS = {Q4_0: (32, 4), Q4_1: (64, 4), Q8_0: (32, 8)}  # offset of the quant chunks in a tile, chunks
+# every layout the kernels take: the file's, and the interleaved forms (same name and sizes)
+FORMATS: dict[int, tuple[str, int, int]] = {**FILE_FORMATS, **{X16 + t: FILE_FORMATS[t] for t in _X16_QUANTS}}
 # rows of activations one call of the torch-native path handles at once (bounds its [M, N, blocks]
 # temporary)
 _TORCH_ROWS = 16
@@ -74,9 +87,70 @@ def in_features(qweight: torch.Tensor, qtype: int) -> int:
     return qweight.shape[1] // bb * block_elems(qtype)
 
 
+def file_type(qtype: int) -> int:
+    """The file's block type of a layout (itself, or what an interleaved layout regroups)."""
+    return qtype - X16 if qtype >= X16 else qtype
+
+
+def is_interleaved(qtype: int) -> bool:
+    return qtype >= X16
+
+
+def can_interleave(qtype: int, rows: int) -> bool:
+    return qtype in _X16_QUANTS and rows % GROUP == 0
+
+
+def interleave16(qweight: torch.Tensor, qtype: int) -> torch.Tensor:
+    """File blocks ``[N, row bytes]`` (Q4_0, Q4_1 or Q8_0, ``N % 16 == 0``) -> the same bytes
+    interleaved by 16 rows (type ``X16 + qtype``), shape unchanged."""
+    if not can_interleave(qtype, qweight.shape[0]):
+        raise ValueError(f"only Q4_0/Q4_1/Q8_0 weights of whole 16-row groups interleave; got type {qtype}, "
+                         f"{qweight.shape[0]} rows")
+    n, bb = qweight.shape[0], block_bytes(qtype)
+    start, chunks = _X16_QUANTS[qtype]
+    scales = start // 32  # fp16 scales per row and block: d, (Q4_1) m
+    blocks = qweight.reshape(n // GROUP, GROUP, -1, bb)  # [g, lane, b, bytes]
+    heads = blocks[..., : 2 * scales].reshape(n // GROUP, GROUP, -1, scales, 2).permute(0, 2, 3, 1, 4)
+    quants = blocks[..., bb - 4 * chunks:]
+    if qtype == Q8_0:
+        quants = quants ^ 0x80  # int8 q -> q + 128, unsigned
+    quants = quants.reshape(n // GROUP, GROUP, -1, chunks, 4).permute(0, 2, 3, 1, 4)  # [g, b, c, lane, 4]
+    nb = blocks.shape[2]
+    tiles = torch.cat([heads.reshape(n // GROUP, nb, -1), quants.reshape(n // GROUP, nb, -1)], dim=-1)
+    return tiles.reshape(n, -1).contiguous()
+
+
+def deinterleave16(qweight: torch.Tensor, qtype: int) -> torch.Tensor:
+    """The inverse of ``interleave16``: an interleaved weight (type ``X16 + t``) -> type ``t``'s file blocks."""
+    base = file_type(qtype)
+    n, bb = qweight.shape[0], block_bytes(base)
+    start, chunks = _X16_QUANTS[base]
+    scales = start // 32
+    tiles = qweight.reshape(n // GROUP, -1, GROUP * bb)  # [g, b, tile bytes]
+    nb = tiles.shape[1]
+    heads = tiles[..., : 2 * scales * GROUP].reshape(n // GROUP, nb, scales, GROUP, 2).permute(0, 3, 1, 2, 4)
+    quants = tiles[..., 2 * scales * GROUP:].reshape(n // GROUP, nb, chunks, GROUP, 4).permute(0, 3, 1, 2, 4)
+    if base == Q8_0:
+        quants = quants ^ 0x80
+    blocks = torch.cat([heads.reshape(n // GROUP, GROUP, nb, -1), quants.reshape(n // GROUP, GROUP, nb, -1)], dim=-1)
+    return blocks.reshape(n, -1).contiguous()
+
+
+def gather_rows(qweight: torch.Tensor, qtype: int, rows: torch.Tensor) -> torch.Tensor:
+    """File blocks of the given rows (int64 ids) of a weight in either layout."""
+    if not is_interleaved(qtype):
+        return qweight.index_select(0, rows)
+    n = qweight.shape[0]
+    groups = qweight.reshape(n // GROUP, -1).index_select(0, rows // GROUP)  # each row's whole group
+    plain = deinterleave16(groups.reshape(-1, qweight.shape[1]), qtype).reshape(rows.numel(), GROUP, -1)
+    return plain[torch.arange(rows.numel()), rows % GROUP]
+
+
 def decode_blocks(qweight: torch.Tensor, qtype: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(q [N, nb, 32] int16, dw [N, nb, 2] fp32, mw [N, nb] fp32)`` per 32-block ``nb``, with
     ``w = dw[half] * q + mw`` (half = element // 16)."""
+    if is_interleaved(qtype):
+        qweight, qtype = deinterleave16(qweight, qtype), file_type(qtype)
     if block_elems(qtype) != BLOCK:
         return K.decode(qweight, qtype)
     bb = block_bytes(qtype)

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from anycore.kernels.gguf import INT8_MAX_ROWS, dequantize, gguf_linear_torch
+from anycore.kernels.gguf import INT8_MAX_ROWS, dequantize, file_type, gather_rows, gguf_linear_torch
 from anycore.kernels.int8 import TORCH_NATIVE_W8A8, Int8Linear, quantize_weight_per_channel
 from anycore.kernels.ops import KernelOps
 
@@ -78,7 +78,8 @@ class VocabEmbedding(nn.Module):
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.gguf_qtype is not None:  # the looked-up rows' blocks dequantized, in fp32 then the dtype
-            rows = dequantize(self.gguf_rows.index_select(0, input_ids.reshape(-1)), self.gguf_qtype)
+            blocks = gather_rows(self.gguf_rows, self.gguf_qtype, input_ids.reshape(-1))
+            rows = dequantize(blocks, file_type(self.gguf_qtype))
             return rows.to(self.dtype).reshape(*input_ids.shape, self.table_shape[1])
         head = self.shared_head
         if head is not None:  # rows unpacked and dequantized per looked-up token only

@@ -13,6 +13,7 @@
 // Invariant: every token goes through the same ops, with the same inputs, as the engine's
 // one-token step (LlamaForCausalLM.forward, LogitsHead.forward, sampler.argmax_rows), so the tokens
 // are the ones single steps would produce (tests/kernels/test_decode_greedy.py).
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -47,12 +48,21 @@ at::Tensor embedding_row(const c10::List<std::optional<at::Tensor>>& embed, int6
                 "decode_greedy: gguf embedding blocks must be uint8 [vocab, row bytes] of a supported type");
     at::Tensor rows = at::empty({ids.numel(), hidden}, first.options().dtype(at::kBFloat16));
     const int64_t* id = ids.data_ptr<int64_t>();
+    TORCH_CHECK(!gguf_is_x16(qtype) || vocab % kGgufX16Rows == 0,
+                "decode_greedy: interleaved embedding blocks need whole groups of 16 rows");
     GgufArgs a{};  // one row at a time through the variant's dequantizer (the dense path's)
-    a.qtype = qtype, a.k = hidden, a.n = 1, a.out_type = 1;
+    a.qtype = qtype, a.k = hidden, a.out_type = 1;
+    // interleaved (kGgufX16): the row is lane id % 16 of its group, decoded into a 16-row scratch
+    const int64_t group = gguf_is_x16(qtype) ? kGgufX16Rows : 1;
+    std::vector<at::BFloat16> scratch(gguf_is_x16(qtype) ? group * hidden : 0);
     for (int64_t i = 0; i < ids.numel(); ++i) {
-      a.w = first.data_ptr<uint8_t>() + id[i] * first.size(1);
-      a.out = static_cast<char*>(rows.data_ptr()) + i * hidden * rows.element_size();
-      gguf_table(impl).dequantize_rows(a, 0, 1);
+      const int64_t lane = id[i] % group;
+      at::BFloat16* dst = rows.data_ptr<at::BFloat16>() + i * hidden;
+      a.w = first.data_ptr<uint8_t>() + (id[i] - lane) * first.size(1);
+      a.n = group;
+      a.out = group == 1 ? static_cast<void*>(dst) : static_cast<void*>(scratch.data());
+      gguf_table(impl).dequantize_rows(a, lane, lane + 1);
+      if (group > 1) std::copy_n(scratch.data() + lane * hidden, hidden, dst);
     }
     return rows;
   }

@@ -184,7 +184,7 @@ bool layer_ptrs(const Weights& w, int64_t w0, const int64_t* lin, int64_t hidden
       const int64_t bb = gguf_block_bytes(g.qtype);
       g.n = n > 0 ? n : wt->size(0);
       if (bb == 0 || k % gguf_block_elems(g.qtype) != 0 || wt->size(0) != g.n ||
-          wt->size(1) != gguf_row_bytes(g.qtype, k) ||
+          wt->size(1) != gguf_row_bytes(g.qtype, k) || (gguf_is_x16(g.qtype) && g.n % kGgufX16Rows != 0) ||
           (bias && bias->numel() != g.n))
         return 0;
       g.gg = &gguf_table(impl);

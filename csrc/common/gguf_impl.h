@@ -23,6 +23,7 @@
 #pragma once
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "bf16.h"
 #include "kernel_table.h"
@@ -37,9 +38,9 @@ constexpr int64_t kGgufRowGrain = 16;  // output rows per work chunk
 inline float gguf_load(float v) { return v; }
 inline float gguf_load(bf16 v) { return bf16_to_float(v); }
 
-// One activation row -> qx (int8 [k]), dx, sx ([k / 32]); the reference's arithmetic exactly.
+// One activation row -> qx (int8 [k]), dx, sx, qsum = sum(qx) ([k / 32]); the reference's arithmetic exactly.
 template <typename T>
-void gguf_quantize_row(const T* x, int64_t k, int8_t* qx, float* dx, float* sx) {
+void gguf_quantize_row(const T* x, int64_t k, int8_t* qx, float* dx, float* sx, int32_t* qsum) {
   constexpr float kMagic = 12582912.0f;  // 1.5 * 2^23: (v + kMagic) - kMagic rounds half to even
   for (int64_t b = 0; b < k / kGgufBlock; ++b) {
     float v[kGgufBlock];
@@ -61,6 +62,7 @@ void gguf_quantize_row(const T* x, int64_t k, int8_t* qx, float* dx, float* sx) 
     }
     dx[b] = d;
     sx[b] = d * static_cast<float>(sum);
+    qsum[b] = sum;
   }
 }
 
@@ -95,14 +97,92 @@ void gguf_rows(const GgufArgs& a, const int8_t* qx, const float* dx, const float
   }
 }
 
+// The interleaved layout (kGgufX16) in portable C++, for a variant without a micro-kernel of its
+// own for it: y[r][l] is output row l of the group for activation row r, in the same arithmetic
+// as a row-major block (w = d q + mw; Q8_0's q unbiased by 128).
+template <int R, int QT>
+void gguf_x16_dot_portable(const uint8_t* group, int64_t nb, const int8_t* qx, int64_t k, const float* dx,
+                           const float* sx, const int32_t*, float (*y)[kGgufX16Rows]) {
+  constexpr int base = gguf_base(QT);
+  constexpr int64_t tile_bytes = kGgufX16Rows * gguf_block_bytes(base);
+  for (int r = 0; r < R; ++r)
+    for (int l = 0; l < kGgufX16Rows; ++l) y[r][l] = 0.0f;
+  for (int64_t b = 0; b < nb; ++b)
+    for (int l = 0; l < kGgufX16Rows; ++l) {
+      int32_t q[kGgufBlock];
+      float s[2], mw;
+      gguf_decode32_x16(group + b * tile_bytes, base, l, q, s, &mw);
+      for (int r = 0; r < R; ++r) {
+        const int8_t* xr = qx + r * k + b * kGgufBlock;
+        int32_t isum = 0;
+        for (int i = 0; i < kGgufBlock; ++i) isum += q[i] * xr[i];
+        y[r][l] += s[0] * dx[r * nb + b] * static_cast<float>(isum);
+        if (base != kGgufQ8_0) y[r][l] += mw * sx[r * nb + b];
+      }
+    }
+}
+
+// M::kX16 true: M has its own `template <int R, int QT> static void dot_x16(...)` of the form above.
+template <class M, class = void>
+struct GgufHasX16 : std::false_type {};
+template <class M>
+struct GgufHasX16<M, std::void_t<decltype(M::kX16)>> : std::bool_constant<M::kX16> {};
+
+constexpr int kGgufX16Tile = 8;  // activation rows per pass over a group (their accumulators in registers)
+
+template <class M, int QT, int R>
+void gguf_x16_tile(const GgufArgs& a, const int8_t* qx, const float* dx, const float* sx, const int32_t* qsum,
+                   int64_t r0, int64_t g, int64_t n0, int64_t n1) {
+  const int64_t k = a.k, nb = k / kGgufBlock;
+  const uint8_t* group = a.w + g * kGgufX16Rows * gguf_row_bytes(QT, k);
+  float y[R][kGgufX16Rows];
+  if constexpr (GgufHasX16<M>::value)
+    M::template dot_x16<R, QT>(group, nb, qx + r0 * k, k, dx + r0 * nb, sx + r0 * nb, qsum + r0 * nb, y);
+  else
+    gguf_x16_dot_portable<R, QT>(group, nb, qx + r0 * k, k, dx + r0 * nb, sx + r0 * nb, qsum + r0 * nb, y);
+  const int64_t j0 = g * kGgufX16Rows > n0 ? g * kGgufX16Rows : n0;
+  const int64_t j1 = (g + 1) * kGgufX16Rows < n1 ? (g + 1) * kGgufX16Rows : n1;
+  for (int r = 0; r < R; ++r)
+    for (int64_t j = j0; j < j1; ++j) {
+      const int64_t at = (r0 + r) * a.n + j;
+      const float v = y[r][j - g * kGgufX16Rows] + (a.bias ? a.bias[j] : 0.0f);
+      if (a.out_type == 0)
+        static_cast<float*>(a.out)[at] = v;
+      else
+        static_cast<bf16*>(a.out)[at] = float_to_bf16(v);
+    }
+}
+
+// Output rows [n0, n1) of an interleaved weight: whole groups (a range that cuts one computes it
+// and keeps its rows), each group once per tile of activation rows.
+template <class M, int QT>
+void gguf_x16_rows(const GgufArgs& a, const int8_t* qx, const float* dx, const float* sx, const int32_t* qsum,
+                   int64_t n0, int64_t n1) {
+  for (int64_t g = n0 / kGgufX16Rows; g * kGgufX16Rows < n1; ++g)
+    for (int64_t r0 = 0; r0 < a.m; r0 += kGgufX16Tile) {
+      switch (a.m - r0 < kGgufX16Tile ? a.m - r0 : kGgufX16Tile) {
+        case 1: gguf_x16_tile<M, QT, 1>(a, qx, dx, sx, qsum, r0, g, n0, n1); break;
+        case 2: gguf_x16_tile<M, QT, 2>(a, qx, dx, sx, qsum, r0, g, n0, n1); break;
+        case 3: gguf_x16_tile<M, QT, 3>(a, qx, dx, sx, qsum, r0, g, n0, n1); break;
+        case 4: gguf_x16_tile<M, QT, 4>(a, qx, dx, sx, qsum, r0, g, n0, n1); break;
+        case 5: gguf_x16_tile<M, QT, 5>(a, qx, dx, sx, qsum, r0, g, n0, n1); break;
+        case 6: gguf_x16_tile<M, QT, 6>(a, qx, dx, sx, qsum, r0, g, n0, n1); break;
+        case 7: gguf_x16_tile<M, QT, 7>(a, qx, dx, sx, qsum, r0, g, n0, n1); break;
+        default: gguf_x16_tile<M, QT, 8>(a, qx, dx, sx, qsum, r0, g, n0, n1); break;
+      }
+    }
+}
+
 // The workspace's pieces for m rows of k (gguf_workspace_bytes).
 struct GgufActs {
   int8_t* qx;
   float *dx, *sx;
+  int32_t* qsum;
   explicit GgufActs(const GgufArgs& a)
       : qx(static_cast<int8_t*>(a.workspace)),
         dx(reinterpret_cast<float*>(qx + a.m * a.k)),  // m * k is a multiple of 32: aligned
-        sx(dx + a.m * (a.k / kGgufBlock)) {}
+        sx(dx + a.m * (a.k / kGgufBlock)),
+        qsum(reinterpret_cast<int32_t*>(sx + a.m * (a.k / kGgufBlock))) {}
 };
 
 // Rows [r0, r1) of x quantized into the workspace.
@@ -111,9 +191,11 @@ inline void gguf_quantize_range(const GgufArgs& a, int64_t r0, int64_t r1) {
   const int64_t k = a.k, nb = k / kGgufBlock;
   for (int64_t r = r0; r < r1; ++r) {
     if (a.x_type == 0)
-      gguf_quantize_row(static_cast<const float*>(a.x) + r * a.x_stride, k, w.qx + r * k, w.dx + r * nb, w.sx + r * nb);
+      gguf_quantize_row(static_cast<const float*>(a.x) + r * a.x_stride, k, w.qx + r * k, w.dx + r * nb,
+                        w.sx + r * nb, w.qsum + r * nb);
     else
-      gguf_quantize_row(static_cast<const bf16*>(a.x) + r * a.x_stride, k, w.qx + r * k, w.dx + r * nb, w.sx + r * nb);
+      gguf_quantize_row(static_cast<const bf16*>(a.x) + r * a.x_stride, k, w.qx + r * k, w.dx + r * nb,
+                        w.sx + r * nb, w.qsum + r * nb);
   }
 }
 
@@ -127,6 +209,9 @@ template <class M>
 void gguf_gemv_rows_kernel(const GgufArgs& a, int64_t n0, int64_t n1) {
   const GgufActs w(a);
   switch (a.qtype) {
+    case kGgufX16 + kGgufQ4_0: gguf_x16_rows<M, kGgufX16 + kGgufQ4_0>(a, w.qx, w.dx, w.sx, w.qsum, n0, n1); break;
+    case kGgufX16 + kGgufQ4_1: gguf_x16_rows<M, kGgufX16 + kGgufQ4_1>(a, w.qx, w.dx, w.sx, w.qsum, n0, n1); break;
+    case kGgufX16 + kGgufQ8_0: gguf_x16_rows<M, kGgufX16 + kGgufQ8_0>(a, w.qx, w.dx, w.sx, w.qsum, n0, n1); break;
     case kGgufQ4_0: gguf_rows<M, kGgufQ4_0>(a, w.qx, w.dx, w.sx, n0, n1); break;
     case kGgufQ4_1: gguf_rows<M, kGgufQ4_1>(a, w.qx, w.dx, w.sx, n0, n1); break;
     case kGgufQ5_0: gguf_rows<M, kGgufQ5_0>(a, w.qx, w.dx, w.sx, n0, n1); break;
@@ -150,8 +235,50 @@ void gguf_linear_kernel(const GgufArgs& a) {
 // gguf package decode them. Written once, compiled per variant with the block type a constant,
 // so the decode loops vectorize at the variant's width (the one-block-at-a-time generic form in
 // ops.cpp took ~2.5 ms for a 3072 x 576 Q4_1 matrix on two Zen 4 cores).
+// Rows [n0, n1) of an interleaved weight: per tile and wanted row, the row's quant bytes gathered
+// back into their file order (4 bytes per 64-byte chunk), then decoded as a file block is.
+template <int QT>
+void gguf_dequantize_x16_range(const GgufArgs& a, int64_t n0, int64_t n1) {
+  constexpr int base = gguf_base(QT);
+  constexpr int64_t tile_bytes = kGgufX16Rows * gguf_block_bytes(base);
+  constexpr int L = static_cast<int>(kGgufX16Rows), chunks = base == kGgufQ8_0 ? 8 : 4;
+  const int64_t k = a.k, nb = k / kGgufBlock, row_bytes = gguf_row_bytes(QT, k);
+  for (int64_t r = n0; r < n1; ++r) {
+    const int l = static_cast<int>(r % L);
+    const uint8_t* group = a.w + (r / L) * L * row_bytes;
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* tile = group + b * tile_bytes;
+      const float d = gguf_half(tile + 2 * l);
+      const float mw = base == kGgufQ4_1 ? gguf_half(tile + 32 + 2 * l) : base == kGgufQ4_0 ? -8.0f * d : 0.0f;
+      uint8_t bytes[4 * chunks];
+      for (int c = 0; c < chunks; ++c) std::memcpy(bytes + 4 * c, tile + (base == kGgufQ4_1 ? 64 : 32) + 64 * c + 4 * l, 4);
+      int32_t q[kGgufBlock];
+      if constexpr (base == kGgufQ8_0)
+        for (int i = 0; i < kGgufBlock; ++i) q[i] = static_cast<int32_t>(bytes[i]) - 128;
+      else
+        for (int i = 0; i < 16; ++i) q[i] = bytes[i] & 0x0F, q[i + 16] = bytes[i] >> 4;
+      float v[kGgufBlock];
+      for (int i = 0; i < kGgufBlock; ++i) {
+        const float scaled = d * static_cast<float>(q[i]);  // (two statements: never fused)
+        v[i] = scaled + mw;
+      }
+      const int64_t at = r * k + b * kGgufBlock;
+      if (a.out_type == 0) {
+        std::memcpy(static_cast<float*>(a.out) + at, v, sizeof(v));
+      } else {
+        bf16* dst = static_cast<bf16*>(a.out) + at;
+        for (int i = 0; i < kGgufBlock; ++i) dst[i] = float_to_bf16(v[i]);
+      }
+    }
+  }
+}
+
 template <int QT>
 void gguf_dequantize_range(const GgufArgs& a, int64_t n0, int64_t n1) {
+  if constexpr (gguf_is_x16(QT)) {
+    gguf_dequantize_x16_range<QT>(a, n0, n1);
+    return;
+  }
   const int64_t k = a.k, nb = k / kGgufBlock, row_bytes = gguf_row_bytes(QT, k);
   for (int64_t r = n0; r < n1; ++r) {
     const uint8_t* row = a.w + r * row_bytes;
@@ -178,6 +305,9 @@ void gguf_dequantize_range(const GgufArgs& a, int64_t n0, int64_t n1) {
 template <class M>
 void gguf_dequantize_rows_kernel(const GgufArgs& a, int64_t n0, int64_t n1) {
   switch (a.qtype) {
+    case kGgufX16 + kGgufQ4_0: gguf_dequantize_range<kGgufX16 + kGgufQ4_0>(a, n0, n1); break;
+    case kGgufX16 + kGgufQ4_1: gguf_dequantize_range<kGgufX16 + kGgufQ4_1>(a, n0, n1); break;
+    case kGgufX16 + kGgufQ8_0: gguf_dequantize_range<kGgufX16 + kGgufQ8_0>(a, n0, n1); break;
     case kGgufQ4_0: gguf_dequantize_range<kGgufQ4_0>(a, n0, n1); break;
     case kGgufQ4_1: gguf_dequantize_range<kGgufQ4_1>(a, n0, n1); break;
     case kGgufQ5_0: gguf_dequantize_range<kGgufQ5_0>(a, n0, n1); break;
@@ -219,4 +349,5 @@ struct GgufScalarMicro {
 // A variant's GgufKernels over its micro-kernel M.
 #define ANYCORE_GGUF_KERNELS(M)                                                                     \
   ::anycore::GgufKernels{&::anycore::gguf_linear_kernel<M>, &::anycore::gguf_quantize_rows_kernel<M>, \
-                         &::anycore::gguf_gemv_rows_kernel<M>, &::anycore::gguf_dequantize_rows_kernel<M>}
+                         &::anycore::gguf_gemv_rows_kernel<M>, &::anycore::gguf_dequantize_rows_kernel<M>, \
+                         ::anycore::GgufHasX16<M>::value}

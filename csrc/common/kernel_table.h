@@ -107,9 +107,26 @@ struct GgufArgs {
   void* workspace;       // gguf_workspace_bytes(m, k), 64-byte aligned
 };
 
+// The 16-row interleaved layout (qtype + kGgufX16, anycore/kernels/gguf.py interleave16): a
+// Q4_0, Q4_1 or Q8_0 weight of n = 16 g rows rewritten as g groups of 16 rows, each group k / 32
+// tiles, a tile the same 32-block of its 16 rows side by side (the same bytes as the 16 blocks):
+//   the 16 fp16 d, (Q4_1) the 16 fp16 m, then 64-byte chunks c (4 for Q4, 8 for Q8_0) whose
+//   bytes 4 l .. 4 l + 3 are row l's quant bytes 4 c .. 4 c + 3 (Q4: the nibble bytes, low
+//   nibble element 4 c + i, high 4 c + i + 16; Q8_0: the int8 q + 128, stored unsigned).
+// One 512-bit load then holds the same 4 weights of 16 rows: a VPDPBUSD against the 4 activation
+// bytes broadcast makes 16 outputs' partial sums, and the block's scales are applied to 16 lanes
+// at once; a group is one sequential stream. Only variants with a micro-kernel for it (GgufKernels
+// ::interleaved16) get weights in it; every variant still runs it (portable C++).
+constexpr int kGgufX16 = 100;
+constexpr int64_t kGgufX16Rows = 16;
+
 namespace {  // (internal linkage: each translation unit keeps its own copy, see csrc/README.md)
 constexpr int64_t kGgufBlock = 32;  // weights per activation block and per (sub-)block of every format
+constexpr bool gguf_is_x16(int qtype) { return qtype >= kGgufX16; }
+constexpr int gguf_base(int qtype) { return qtype >= kGgufX16 ? qtype - kGgufX16 : qtype; }
+constexpr bool gguf_x16_format(int base) { return base == kGgufQ4_0 || base == kGgufQ4_1 || base == kGgufQ8_0; }
 constexpr int64_t gguf_block_bytes(int qtype) {
+  if (gguf_is_x16(qtype)) qtype = gguf_x16_format(gguf_base(qtype)) ? gguf_base(qtype) : 0;
   return qtype == kGgufQ4_0   ? 18
          : qtype == kGgufQ4_1 ? 20
          : qtype == kGgufQ5_0 ? 22
@@ -200,8 +217,24 @@ inline void gguf_dequantize_block32(const uint8_t* row, int qtype, int64_t b, fl
   gguf_decode32(row, qtype, b, q, s, &mw);
   for (int i = 0; i < kGgufBlock; ++i) out[i] = s[i / 16] * static_cast<float>(q[i]) + mw;
 }
-// workspace of one call: int8 qx [m, k], then fp32 dx and sx [m, k / 32] each
-constexpr int64_t gguf_workspace_bytes(int64_t m, int64_t k) { return m * k + 8 * m * (k / 32) + 64; }
+// Lane l's 32-block of an interleaved tile (see kGgufX16), as gguf_decode32 gives a row's.
+inline void gguf_decode32_x16(const uint8_t* tile, int base, int l, int32_t* q, float* s, float* mw) {
+  const float d = gguf_half(tile + 2 * l);
+  s[0] = s[1] = d;
+  if (base == kGgufQ8_0) {
+    for (int i = 0; i < 32; ++i) q[i] = static_cast<int32_t>(tile[32 + (i / 4) * 64 + 4 * l + i % 4]) - 128;
+    *mw = 0.0f;
+    return;
+  }
+  const uint8_t* qs = tile + (base == kGgufQ4_1 ? 64 : 32);
+  for (int i = 0; i < 16; ++i) {
+    const uint8_t byte = qs[(i / 4) * 64 + 4 * l + i % 4];
+    q[i] = byte & 0x0F, q[i + 16] = byte >> 4;
+  }
+  *mw = base == kGgufQ4_1 ? gguf_half(tile + 32 + 2 * l) : -8.0f * d;
+}
+// workspace of one call: int8 qx [m, k], then fp32 dx and sx and int32 sum(qx) [m, k / 32] each
+constexpr int64_t gguf_workspace_bytes(int64_t m, int64_t k) { return m * k + 12 * m * (k / 32) + 64; }
 }  // namespace
 
 struct GgufKernels {
@@ -214,6 +247,7 @@ struct GgufKernels {
   // weight rows [n0, n1) dequantized into out ([n, k] of out_type): the dense path for more
   // than kGgufInt8MaxRows activation rows (x, m, bias and workspace unused)
   void (*dequantize_rows)(const GgufArgs& args, int64_t n0, int64_t n1);
+  bool interleaved16;  // a micro-kernel of its own for the 16-row interleaved layout (kGgufX16)
 };
 
 // The kernels a vector variant (kernels_impl.h, ANYCORE_DEFINE_TABLE) writes once over its vector

@@ -334,11 +334,14 @@ at::Tensor gguf_linear(const at::Tensor& x_in, const at::Tensor& qweight, int64_
                        const std::optional<at::Tensor>& bias, int64_t impl) {
   const int64_t bb = gguf_block_bytes(static_cast<int>(qtype));
   TORCH_CHECK(bb > 0, "gguf_linear: unsupported block type ", qtype,
-              " (Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14)");
+              " (Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14; 100 +",
+              " Q4_0 / Q4_1 / Q8_0: interleaved by 16 rows)");
   TORCH_CHECK(qweight.device().is_cpu() && qweight.dim() == 2 && qweight.scalar_type() == at::kByte &&
                   qweight.is_contiguous() && qweight.size(1) % bb == 0,
               "gguf_linear: qweight must be a contiguous uint8 [N, blocks * ", bb, "] CPU tensor");
   const int64_t n = qweight.size(0), k = qweight.size(1) / bb * gguf_block_elems(static_cast<int>(qtype));
+  TORCH_CHECK(!gguf_is_x16(static_cast<int>(qtype)) || n % kGgufX16Rows == 0,
+              "gguf_linear: an interleaved weight has whole groups of 16 rows; got ", n);
   const int dt = dtype_index(x_in);
   TORCH_CHECK(x_in.size(-1) == k, "gguf_linear: x has ", x_in.size(-1), " features, the weight ", k);
   at::Tensor x = as_rows(x_in);
@@ -392,6 +395,8 @@ std::vector<std::string> variant_kernels(int64_t impl) {
   // fused_moe (fused_moe.cpp) is composed of these two: the variant's own when it has both
   if (t.linear[0] && t.linear[1] && t.silu_and_mul[0] && t.silu_and_mul[1]) names.emplace_back("fused_moe");
   if (t.gguf.gguf_linear) names.emplace_back("gguf_linear");
+  // (not an op: the weight layout its gguf_linear has a micro-kernel for, anycore/kernels/gguf.py)
+  if (t.gguf.gguf_linear && t.gguf.interleaved16) names.emplace_back("gguf_interleaved16");
   return names;
 }
 

@@ -170,6 +170,62 @@ struct GgufVnniMicro {
     for (int r = 0; r < R; ++r) corr[r] = _mm_cvtss_f32(_mm_movehdup_ps(pair_sum[r]));
     finish<R>(acc, corr, out);
   }
+
+  // The 16-row interleaved layout (kernel_table.h kGgufX16): per tile, the 16 rows' weights are
+  // 8 registers of unsigned bytes (Q4: 4 loads, low and high nibbles; Q8_0: q + 128, 8 loads),
+  // register i holding weights 4 i .. 4 i + 3 of every row. Each activation row's 4-byte groups
+  // are broadcast into 8 VPDPBUSDs, which leave the 16 rows' exact block sums in 16 lanes
+  // (Q8_0's start at -128 sum(qx), which takes the bias back out), then
+  //   acc += dw * dx * isum  (+ mw * sx)
+  // in 16 fp32 lanes: no horizontal sums, and the unpacked weights serve every row of the tile.
+  static constexpr bool kX16 = true;
+  template <int R, int QT>
+  static void dot_x16(const uint8_t* group, int64_t nb, const int8_t* qx, int64_t k, const float* dx,
+                      const float* sx, const int32_t* qsum, float (*y)[kGgufX16Rows]) {
+    constexpr int base = gguf_base(QT);
+    constexpr int64_t tile_bytes = kGgufX16Rows * gguf_block_bytes(base);
+    constexpr int quants = base == kGgufQ4_1 ? 64 : 32;  // offset of the quant chunks in a tile
+    const __m512i low4 = _mm512_set1_epi8(0x0F);
+    __m512 acc[R];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* tile = group + b * tile_bytes;
+      const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile)));
+      __m512 mw = _mm512_setzero_ps();
+      if constexpr (base == kGgufQ4_1)
+        mw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile + 32)));
+      else if constexpr (base == kGgufQ4_0)
+        mw = _mm512_mul_ps(dw, _mm512_set1_ps(-8.0f));
+      __m512i wq[8];
+      if constexpr (base == kGgufQ8_0) {
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; ++i) wq[i] = _mm512_loadu_si512(tile + quants + 64 * i);
+      } else {
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; ++c) {
+          const __m512i raw = _mm512_loadu_si512(tile + quants + 64 * c);
+          wq[c] = _mm512_and_si512(raw, low4);
+          wq[c + 4] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
+        }
+      }
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        const int8_t* xr = qx + r * k + b * kGgufBlock;
+        __m512i s = base == kGgufQ8_0 ? _mm512_set1_epi32(-128 * qsum[r * nb + b]) : _mm512_setzero_si512();
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; ++i) {
+          int32_t four;
+          std::memcpy(&four, xr + 4 * i, 4);
+          s = _mm512_dpbusd_epi32(s, wq[i], _mm512_set1_epi32(four));
+        }
+        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, _mm512_set1_ps(dx[r * nb + b])), acc[r]);
+        if constexpr (base != kGgufQ8_0) acc[r] = _mm512_fmadd_ps(mw, _mm512_set1_ps(sx[r * nb + b]), acc[r]);
+      }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) _mm512_storeu_ps(y[r], acc[r]);
+  }
 };
 }  // namespace
 

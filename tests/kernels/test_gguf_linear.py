@@ -20,12 +20,16 @@ import torch
 from anycore.kernels import gguf as G
 
 OP = "gguf_linear"
-FORMATS = sorted(G.FORMATS)
+FORMATS = sorted(G.FILE_FORMATS)
+INTERLEAVED = sorted(t for t in G.FORMATS if G.is_interleaved(t))
 
 
 def random_blocks(n: int, k: int, qtype: int) -> torch.Tensor:
     """Random GGUF rows: any nibbles/int8 values and packed scales, realistic fp16 scales (and
-    Q4_1 / K-quant minimums). K-quant rows: ``k`` rounded up to whole 256-weight super-blocks."""
+    Q4_1 / K-quant minimums). K-quant rows: ``k`` rounded up to whole 256-weight super-blocks.
+    An interleaved type: such file rows, interleaved by 16 (``n`` a multiple of 16)."""
+    if G.is_interleaved(qtype):
+        return G.interleave16(random_blocks(n, k, G.file_type(qtype)), G.file_type(qtype))
     bb = G.block_bytes(qtype)
     nb = -(-k // G.block_elems(qtype))
     raw = torch.randint(0, 256, (n, nb, bb), dtype=torch.uint8)
@@ -167,3 +171,68 @@ def test_q6k_halves_take_their_own_scales():
     even = (qx.long()[:, None, :, :16] * q.long()[None, :, :, :16]).sum(-1)  # [m, n, 8]
     expected = (even.double() * dw[None, :, :, 0].double() * dx[:, None, :].double()).sum(-1)
     torch.testing.assert_close(G.gguf_linear_reference(x.double(), w, G.Q6_K), expected)
+
+
+# The 16-row interleaved layout (G.interleave16): every implementation runs it, a variant with a
+# micro-kernel for it (variant_kernels lists "gguf_interleaved16") with that one. Rows: 1 and 8
+# (one pass of a group), 9 (a second partial pass), 16; output rows one group and several.
+@pytest.mark.arm64
+@pytest.mark.parametrize("qtype", INTERLEAVED, ids=[G.FORMATS[t][0] + "x16" for t in INTERLEAVED])
+@pytest.mark.parametrize("m, n, k", [(1, 16, 32), (3, 32, 64)])
+def test_interleaved_tiny(kernel, qtype, m, n, k):
+    check(kernel, m, n, k, qtype, torch.float32, bias=True)
+
+
+@pytest.mark.parametrize("qtype", INTERLEAVED, ids=[G.FORMATS[t][0] + "x16" for t in INTERLEAVED])
+@pytest.mark.parametrize("m", [1, 8, 9, 16])
+@pytest.mark.parametrize("n, k", [(16, 32), (48, 320), (112, 576)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_interleaved_matches_reference(kernel, qtype, m, n, k, dtype):
+    check(kernel, m, n, k, qtype, dtype, bias=m % 2 == 1)
+
+
+@pytest.mark.parametrize("qtype", INTERLEAVED, ids=[G.FORMATS[t][0] + "x16" for t in INTERLEAVED])
+def test_interleaved_rows_do_not_depend_on_the_batch(kernel, impl, qtype):
+    """A native kernel gives each activation row the same bits alone or with up to 15 others."""
+    if impl in ("reference", "torch-native"):
+        pytest.skip("batch invariance is the native kernels' promise")
+    w = random_blocks(64, 576, qtype)
+    x = torch.randn(G.INT8_MAX_ROWS, 576)
+    together = kernel(x, w, qtype)
+    for r in (0, 7, 8, 15):
+        assert torch.equal(kernel(x[r : r + 1], w, qtype)[0], together[r])
+
+
+@pytest.mark.parametrize("qtype", sorted(G.FILE_FORMATS), ids=[G.FILE_FORMATS[t][0] for t in sorted(G.FILE_FORMATS)])
+def test_interleaving_keeps_the_bytes(qtype):
+    w = random_blocks(48, 96 if qtype not in (G.Q4_K, G.Q5_K, G.Q6_K) else 256, qtype)
+    if not G.can_interleave(qtype, 48):
+        assert qtype not in (G.Q4_0, G.Q4_1, G.Q8_0)
+        with pytest.raises(ValueError, match="interleave"):
+            G.interleave16(w, qtype)
+        return
+    x16 = G.interleave16(w, qtype)
+    assert x16.shape == w.shape and not torch.equal(x16, w)
+    assert torch.equal(G.deinterleave16(x16, G.X16 + qtype), w)
+    assert torch.equal(G.dequantize(x16, G.X16 + qtype), G.dequantize(w, qtype))
+    ids = torch.tensor([0, 17, 47, 5, 5, 16])
+    assert torch.equal(G.gather_rows(x16, G.X16 + qtype, ids), w[ids])
+    assert not G.can_interleave(qtype, 40)  # not whole groups
+
+
+@pytest.mark.parametrize("qtype", INTERLEAVED, ids=[G.FORMATS[t][0] + "x16" for t in INTERLEAVED])
+def test_interleaved_prefill_rows_run_the_dequantized_weight(kernel, qtype):
+    w = random_blocks(32, 320, qtype)
+    x = torch.randn(G.INT8_MAX_ROWS + 1, 320).to(torch.bfloat16)
+    expected = torch.nn.functional.linear(x, G.dequantize(w, qtype, torch.bfloat16))
+    torch.testing.assert_close(kernel(x, w, qtype), expected)
+
+
+def test_interleaved_needs_whole_groups():
+    from anycore.kernels.dispatch import load_extension
+
+    if not load_extension().available:
+        pytest.skip("extension unavailable")
+    w = random_blocks(32, 64, G.X16 + G.Q4_1)[:24]
+    with pytest.raises(RuntimeError, match="groups of 16 rows"):
+        torch.ops.anycore.gguf_linear(torch.randn(1, 64), w, G.X16 + G.Q4_1, None, 0)

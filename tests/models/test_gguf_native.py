@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from anycore import LLM, SamplingParams
+from anycore.kernels import gguf as G
 from anycore.kernels.gguf import Q8_0, gguf_linear_torch
 from anycore.layers.linear import Linear
 from anycore.layers.quant import resolve_quantization
@@ -42,7 +43,13 @@ def test_every_projection_keeps_its_blocks(llm_gguf):
     engine = llm_gguf.engine
     linears = [m for m in engine.model.modules() if isinstance(m, Linear)]
     assert linears and all(m.method.name == "gguf" and m.weight is None for m in linears)
-    assert all(m.qweight.dtype == torch.uint8 and m.qtype == 3 for m in linears)  # Q4_1
+    assert all(m.qweight.dtype == torch.uint8 and G.file_type(m.qtype) == G.Q4_1 for m in linears)
+    # interleaved by 16 rows exactly when the bound gguf_linear variant has a micro-kernel for it
+    index = linears[0].kernels.native_index.get("gguf_linear")
+    wants = index is not None and "gguf_interleaved16" in torch.ops.anycore.variant_kernels(index)
+    assert all(G.is_interleaved(m.qtype) == wants for m in linears)
+    head = engine.model.lm_head
+    assert G.is_interleaved(head.gguf_qtype) == wants and G.file_type(head.gguf_qtype) == G.Q8_0
     # the blocks are smaller than a bf16 copy: 20 bytes per 32 weights instead of 64
     block_bytes = sum(m.qweight.numel() for m in linears)
     assert block_bytes == sum(m.out_features * m.in_features for m in linears) * 20 // 32
@@ -89,7 +96,7 @@ def test_table_and_head_keep_the_files_blocks(llm_gguf, default_model_path):
     the dense loader's row, and the head's logits are gguf_linear's on those blocks."""
     model = llm_gguf.engine.model
     table, head = model.embed_tokens, model.lm_head
-    assert head.gguf_qtype == Q8_0 and table.gguf_qtype == Q8_0
+    assert G.file_type(head.gguf_qtype) == Q8_0 and table.gguf_qtype == head.gguf_qtype
     assert table.weight is None and table.gguf_rows is head.gguf_qweight
     dense = open_gguf(default_model_path)._weights("model.embed_tokens.weight", torch.bfloat16)
     ids = torch.tensor([[0, 1, 504], [49151, 7, 7]])
@@ -98,7 +105,7 @@ def test_table_and_head_keep_the_files_blocks(llm_gguf, default_model_path):
     logits = head(hidden)
     assert logits.shape == (3, 20, dense.shape[0]) and logits.dtype == torch.float32
     flat = hidden.reshape(-1, dense.shape[1])
-    expected = torch.cat([gguf_linear_torch(flat[r : r + 16].float(), head.gguf_qweight, Q8_0)
+    expected = torch.cat([gguf_linear_torch(flat[r : r + 16].float(), head.gguf_qweight, head.gguf_qtype)
                           for r in range(0, flat.shape[0], 16)])
     torch.testing.assert_close(logits.reshape(-1, dense.shape[0]), expected, rtol=1e-4, atol=1e-3)
     # a row's logits do not depend on the rows that came with it

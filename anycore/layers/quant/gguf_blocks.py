@@ -17,7 +17,17 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from anycore.kernels.gguf import FORMATS, Q8_0, as_q8_0, dequantize, gguf_linear_torch, in_features
+from anycore.kernels.gguf import (
+    FORMATS,
+    Q8_0,
+    X16,
+    as_q8_0,
+    can_interleave,
+    dequantize,
+    gguf_linear_torch,
+    in_features,
+    interleave16,
+)
 
 GGUF = "gguf"
 
@@ -35,6 +45,19 @@ class GGUFBlocks:
 
     def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
         return dequantize(self.data, self.qtype, dtype)
+
+
+def blocks_for(kernels, blocks: GGUFBlocks) -> GGUFBlocks:
+    """``blocks`` in the layout the bound ``gguf_linear`` variant multiplies fastest: interleaved
+    by 16 rows (anycore/kernels/gguf.py) when that variant has a micro-kernel for it and the type
+    and row count allow, otherwise the file's. (Measured on a Zen 4 core, AVX-512 VNNI, Q4_1
+    3072 x 576: see the commit that added it.)"""
+    index = kernels.native_index.get("gguf_linear") if kernels is not None else None
+    if index is None or not can_interleave(blocks.qtype, blocks.data.shape[0]):
+        return blocks
+    if "gguf_interleaved16" not in torch.ops.anycore.variant_kernels(index):
+        return blocks
+    return GGUFBlocks(X16 + blocks.qtype, interleave16(blocks.data, blocks.qtype))
 
 
 class GGUFLinearMethod:
@@ -71,10 +94,11 @@ class GGUFLinearMethod:
                 shards, qtypes = [GGUFBlocks(Q8_0, q) for q in q8], {Q8_0}
         if len(qtypes) == 1 and None not in qtypes:
             (qtype,) = qtypes
-            layer.qtype = qtype
+            blocks = blocks_for(getattr(layer, "kernels", None), GGUFBlocks(qtype, torch.cat([s.data for s in shards])))
+            layer.qtype = blocks.qtype  # (X16 + the file's type when interleaved)
             # the native decoder stack's "scale" slot for blocks (csrc/common/decoder_layout.h)
-            layer.qtype_tensor = torch.tensor([qtype], dtype=torch.int64)
-            layer.register_buffer("qweight", torch.cat([s.data for s in shards]).contiguous())
+            layer.qtype_tensor = torch.tensor([blocks.qtype], dtype=torch.int64)
+            layer.register_buffer("qweight", blocks.data.contiguous())
             del layer.weight
             layer.register_buffer("weight", None, persistent=False)
             return
