@@ -116,8 +116,12 @@ def interleave16(qweight: torch.Tensor, qtype: int) -> torch.Tensor:
         quants = quants ^ 0x80  # int8 q -> q + 128, unsigned
     quants = quants.reshape(n // GROUP, GROUP, -1, chunks, 4).permute(0, 2, 3, 1, 4)  # [g, b, c, lane, 4]
     nb = blocks.shape[2]
-    tiles = torch.cat([heads.reshape(n // GROUP, nb, -1), quants.reshape(n // GROUP, nb, -1)], dim=-1)
-    return tiles.reshape(n, -1).contiguous()
+    # written into a tensor of the final shape: a view of the concatenation would keep it as its
+    # base, so moving the weight (anycore/engine/weight_arena.py) would leave a second copy alive
+    out = torch.empty_like(qweight)
+    torch.cat([heads.reshape(n // GROUP, nb, -1), quants.reshape(n // GROUP, nb, -1)], dim=-1,
+              out=out.view(n // GROUP, nb, -1))
+    return out
 
 
 def deinterleave16(qweight: torch.Tensor, qtype: int) -> torch.Tensor:
@@ -132,8 +136,10 @@ def deinterleave16(qweight: torch.Tensor, qtype: int) -> torch.Tensor:
     quants = tiles[..., 2 * scales * GROUP:].reshape(n // GROUP, nb, chunks, GROUP, 4).permute(0, 3, 1, 2, 4)
     if base == Q8_0:
         quants = quants ^ 0x80
-    blocks = torch.cat([heads.reshape(n // GROUP, GROUP, nb, -1), quants.reshape(n // GROUP, GROUP, nb, -1)], dim=-1)
-    return blocks.reshape(n, -1).contiguous()
+    out = torch.empty_like(qweight)
+    torch.cat([heads.reshape(n // GROUP, GROUP, nb, -1), quants.reshape(n // GROUP, GROUP, nb, -1)], dim=-1,
+              out=out.view(n // GROUP, GROUP, nb, -1))
+    return out
 
 
 def gather_rows(qweight: torch.Tensor, qtype: int, rows: torch.Tensor) -> torch.Tensor:

@@ -213,6 +213,7 @@ def test_interleaving_keeps_the_bytes(qtype):
         return
     x16 = G.interleave16(w, qtype)
     assert x16.shape == w.shape and not torch.equal(x16, w)
+    assert x16._base is None  # owns its storage: the weight arena's move frees the old bytes
     assert torch.equal(G.deinterleave16(x16, G.X16 + qtype), w)
     assert torch.equal(G.dequantize(x16, G.X16 + qtype), G.dequantize(w, qtype))
     ids = torch.tensor([0, 17, 47, 5, 5, 16])
