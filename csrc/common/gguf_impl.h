@@ -122,7 +122,8 @@ void gguf_x16_dot_portable(const uint8_t* group, int64_t nb, const int8_t* qx, i
     }
 }
 
-// M::kX16 true: M has its own `template <int R, int QT> static void dot_x16(...)` of the form above.
+// M::kX16 true: M has its own `template <int R, int QT> static void dot_x16(...)` of the form above
+// and `template <int QT> static void dequantize_x16(const GgufArgs&, int64_t n0, int64_t n1)`.
 template <class M, class = void>
 struct GgufHasX16 : std::false_type {};
 template <class M>
@@ -302,12 +303,21 @@ void gguf_dequantize_range(const GgufArgs& a, int64_t n0, int64_t n1) {
   }
 }
 
+// The interleaved layout's dequantization: M's own (with its dot_x16) or the portable one.
+template <class M, int QT>
+void gguf_dequantize_x16_rows(const GgufArgs& a, int64_t n0, int64_t n1) {
+  if constexpr (GgufHasX16<M>::value)
+    M::template dequantize_x16<QT>(a, n0, n1);
+  else
+    gguf_dequantize_range<QT>(a, n0, n1);
+}
+
 template <class M>
 void gguf_dequantize_rows_kernel(const GgufArgs& a, int64_t n0, int64_t n1) {
   switch (a.qtype) {
-    case kGgufX16 + kGgufQ4_0: gguf_dequantize_range<kGgufX16 + kGgufQ4_0>(a, n0, n1); break;
-    case kGgufX16 + kGgufQ4_1: gguf_dequantize_range<kGgufX16 + kGgufQ4_1>(a, n0, n1); break;
-    case kGgufX16 + kGgufQ8_0: gguf_dequantize_range<kGgufX16 + kGgufQ8_0>(a, n0, n1); break;
+    case kGgufX16 + kGgufQ4_0: gguf_dequantize_x16_rows<M, kGgufX16 + kGgufQ4_0>(a, n0, n1); break;
+    case kGgufX16 + kGgufQ4_1: gguf_dequantize_x16_rows<M, kGgufX16 + kGgufQ4_1>(a, n0, n1); break;
+    case kGgufX16 + kGgufQ8_0: gguf_dequantize_x16_rows<M, kGgufX16 + kGgufQ8_0>(a, n0, n1); break;
     case kGgufQ4_0: gguf_dequantize_range<kGgufQ4_0>(a, n0, n1); break;
     case kGgufQ4_1: gguf_dequantize_range<kGgufQ4_1>(a, n0, n1); break;
     case kGgufQ5_0: gguf_dequantize_range<kGgufQ5_0>(a, n0, n1); break;

@@ -226,6 +226,86 @@ struct GgufVnniMicro {
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) _mm512_storeu_ps(y[r], acc[r]);
   }
+
+  // Four 64-byte chunks of a tile (dword l of chunk c: row l's bytes 4 c .. 4 c + 3) -> each
+  // row's 16 bytes in file order: a 4 x 16 dword transpose, row 4 j + i in 128-bit lane j of u[i].
+  static void rows_of_chunks(const uint8_t* chunks, __m128i* rows) {
+    const __m512i c0 = _mm512_loadu_si512(chunks), c1 = _mm512_loadu_si512(chunks + 64),
+                  c2 = _mm512_loadu_si512(chunks + 128), c3 = _mm512_loadu_si512(chunks + 192);
+    const __m512i t0 = _mm512_unpacklo_epi32(c0, c1), t1 = _mm512_unpackhi_epi32(c0, c1),
+                  t2 = _mm512_unpacklo_epi32(c2, c3), t3 = _mm512_unpackhi_epi32(c2, c3);
+    const __m512i u[4] = {_mm512_unpacklo_epi64(t0, t2), _mm512_unpackhi_epi64(t0, t2), _mm512_unpacklo_epi64(t1, t3),
+                          _mm512_unpackhi_epi64(t1, t3)};
+    for (int i = 0; i < 4; ++i) {
+      rows[i] = _mm512_castsi512_si128(u[i]);
+      rows[4 + i] = _mm512_extracti32x4_epi32(u[i], 1);
+      rows[8 + i] = _mm512_extracti32x4_epi32(u[i], 2);
+      rows[12 + i] = _mm512_extracti32x4_epi32(u[i], 3);
+    }
+  }
+
+  // 16 weights d * q + mw (a multiply, then an add: never fused, as gguf_dequantize_range) to out
+  static void store16(__m512i q, __m512 d, __m512 mw, int out_type, void* out) {
+    const __m512 v = _mm512_add_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(q)), mw);
+    if (out_type == 0) {
+      _mm512_storeu_ps(out, v);
+      return;
+    }
+    // float_to_bf16 (bf16.h) in 16 lanes: round to nearest even, NaN kept quiet
+    const __m512i u = _mm512_castps_si512(v);
+    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff))), 16);
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                                  _mm512_set1_epi32(0x7f800000));
+    const __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+    _mm256_storeu_si256(static_cast<__m256i*>(out), _mm512_cvtepi32_epi16(_mm512_mask_mov_epi32(rounded, nan, quiet)));
+  }
+
+  // Rows [n0, n1) of an interleaved weight dequantized (the dense path's weight), tile by tile.
+  template <int QT>
+  static void dequantize_x16(const GgufArgs& a, int64_t n0, int64_t n1) {
+    constexpr int base = gguf_base(QT);
+    constexpr int64_t tile_bytes = kGgufX16Rows * gguf_block_bytes(base);
+    constexpr int L = static_cast<int>(kGgufX16Rows);
+    const int64_t k = a.k, nb = k / kGgufBlock, row_bytes = gguf_row_bytes(QT, k);
+    const int64_t elem = a.out_type == 0 ? 4 : 2;
+    const __m128i low4 = _mm_set1_epi8(0x0F), bias = _mm_set1_epi8(static_cast<char>(0x80));
+    for (int64_t g = n0 / L; g * L < n1; ++g) {
+      const int l0 = static_cast<int>(n0 > g * L ? n0 - g * L : 0), l1 = static_cast<int>(n1 < (g + 1) * L ? n1 - g * L : L);
+      const uint8_t* group = a.w + g * L * row_bytes;
+      for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* tile = group + b * tile_bytes;
+        alignas(64) float d[L], mw[L];
+        const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile)));
+        _mm512_store_ps(d, dv);
+        if constexpr (base == kGgufQ4_1)
+          _mm512_store_ps(mw, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile + 32))));
+        else
+          _mm512_store_ps(mw, _mm512_mul_ps(dv, _mm512_set1_ps(base == kGgufQ4_0 ? -8.0f : 0.0f)));
+        __m128i lo[L], hi[L];  // each row's weights 0..15 and 16..31 as bytes
+        if constexpr (base == kGgufQ8_0) {
+          rows_of_chunks(tile + 32, lo);
+          rows_of_chunks(tile + 32 + 256, hi);
+        } else {
+          rows_of_chunks(tile + (base == kGgufQ4_1 ? 64 : 32), lo);
+        }
+        for (int l = l0; l < l1; ++l) {
+          __m512i q0, q1;
+          if constexpr (base == kGgufQ8_0) {
+            q0 = _mm512_cvtepi8_epi32(_mm_xor_si128(lo[l], bias));
+            q1 = _mm512_cvtepi8_epi32(_mm_xor_si128(hi[l], bias));
+          } else {
+            q0 = _mm512_cvtepu8_epi32(_mm_and_si128(lo[l], low4));
+            q1 = _mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(lo[l], 4), low4));
+          }
+          char* out = static_cast<char*>(a.out) + ((g * L + l) * k + b * kGgufBlock) * elem;
+          const __m512 dl = _mm512_set1_ps(d[l]), ml = _mm512_set1_ps(mw[l]);
+          store16(q0, dl, ml, a.out_type, out);
+          store16(q1, dl, ml, a.out_type, out + 16 * elem);
+        }
+      }
+    }
+  }
 };
 }  // namespace
 

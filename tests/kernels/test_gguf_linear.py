@@ -223,10 +223,13 @@ def test_interleaving_keeps_the_bytes(qtype):
 
 @pytest.mark.parametrize("qtype", INTERLEAVED, ids=[G.FORMATS[t][0] + "x16" for t in INTERLEAVED])
 def test_interleaved_prefill_rows_run_the_dequantized_weight(kernel, qtype):
-    w = random_blocks(32, 320, qtype)
+    """Dequantizing the interleaved tiles gives the file rows' bits: the same F.linear result."""
+    w = random_blocks(48, 320, qtype)
     x = torch.randn(G.INT8_MAX_ROWS + 1, 320).to(torch.bfloat16)
     expected = torch.nn.functional.linear(x, G.dequantize(w, qtype, torch.bfloat16))
     torch.testing.assert_close(kernel(x, w, qtype), expected)
+    file_rows = G.deinterleave16(w, qtype)
+    assert torch.equal(kernel(x, w, qtype), kernel(x, file_rows, G.file_type(qtype)))
 
 
 def test_interleaved_needs_whole_groups():
