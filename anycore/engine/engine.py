@@ -221,8 +221,8 @@ class Engine:
         )
         log.info("kernels: %s", ", ".join(f"{k}={v}" for k, v in self.ops.choices.items()))
         if mc.moe is not None:
-            log.info("Mixture of Experts: %d of %d layers sparse, %d experts, top-%d; the layers run op by op "
-                     "(no native decoder stack for a sparse MLP), each sparse layer's experts one fused_moe call",
+            log.info("Mixture of Experts: %d of %d layers sparse, %d experts, top-%d; each sparse layer's experts "
+                     "one fused_moe call",
                      len(mc.moe.moe_layers), mc.num_layers, mc.moe.num_experts, mc.moe.top_k)
         log.info("decoder layers: %s", self.runner.native.layers_path())
         if self.parallel is not None:

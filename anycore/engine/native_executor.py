@@ -33,10 +33,22 @@ LayersFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, ForwardBatch], tu
 
 
 @dataclass(frozen=True)
+class NativeSparseMlp:
+    """A sparse MoE MLP in the native slots (anycore/layers/moe.py): its router, its stacked
+    experts and, with a shared expert (whose projections are the layer's gate_up / down), the
+    shared expert's sigmoid gate."""
+
+    router: nn.Module  # Router: weight [E, hidden] in the activation dtype
+    experts: nn.Module  # StackedExperts
+    shared_gate: nn.Module | None = None  # Router: weight [1, hidden]
+
+
+@dataclass(frozen=True)
 class NativeLayer:
     """One Llama-family decoder layer as the native stack reads it: pre-norm attention with a
-    merged QKV projection (optional bias, optional per-head q/k norm), then a merged gate/up
-    SwiGLU MLP. Norms are RMSNorm modules, projections ``Linear``s."""
+    merged QKV projection (optional bias, optional q/k norm per head or over the whole
+    projection), then a merged gate/up SwiGLU MLP or a sparse MLP (``sparse``; gate_up / down
+    then its shared expert's, or None). Norms are RMSNorm modules, projections ``Linear``s."""
 
     input_norm: nn.Module
     qkv: Linear
@@ -44,10 +56,11 @@ class NativeLayer:
     k_norm: nn.Module | None
     o: Linear
     post_norm: nn.Module
-    gate_up: Linear
-    down: Linear
+    gate_up: Linear | None
+    down: Linear | None
+    sparse: NativeSparseMlp | None = None
 
-    def projections(self) -> tuple[Linear, ...]:
+    def projections(self) -> tuple[Linear | None, ...]:
         return self.qkv, self.o, self.gate_up, self.down
 
 
@@ -176,13 +189,50 @@ class NativeExecutor:
         }
         impls = []
         for name, proj in zip(("qkv", "o", "gate_up", "down"), layer.projections()):
+            if proj is None:  # (a sparse MLP without a shared expert)
+                impls.append(-1)
+                continue
             args = proj.native_args()
             if args is None:  # (no native multiply, or hooked)
                 return None
             (slots[f"{name}.weight"], slots[f"{name}.scale"], slots[f"{name}.bias"]), index = args
             impls.append(index)
+        sparse = self._sparse_args(layer.sparse) if layer.sparse is not None else ({}, [-1, -1])
+        if sparse is None:
+            return None
+        slots.update(sparse[0])
+        impls += sparse[1]
         names, _ = self._layout  # type: ignore[misc]
-        return [slots[n] for n in names], impls
+        return [slots.get(n) for n in names], impls
+
+    def _sparse_args(self, sparse: NativeSparseMlp) -> tuple[dict, list[int]] | None:
+        """A sparse MLP's slots and its (router, experts) variants, or None when its experts do
+        not run on a native fused_moe here (a torch-native table, packed for another variant,
+        hooked modules)."""
+        ops, experts = self.ops, sparse.experts
+        modules = (sparse.router, experts) + ((sparse.shared_gate,) if sparse.shared_gate is not None else ())
+        if any(m._forward_pre_hooks or m._forward_hooks for m in modules):
+            return None
+        if experts.int8_kernel is not None:
+            index = ops.native_index.get("fused_moe_w8a8")
+            if index is None or experts.int8_kernel is not ops.fused_moe_w8a8:
+                return None
+            scales = experts.w13_scale, experts.w2_scale
+        else:
+            index = ops.native_index.get("fused_moe")
+            if index is None or not (experts.w13.is_contiguous() and experts.w2.is_contiguous()):
+                return None
+            scales = None, None
+        # the router and shared gate run ops.linear: its native GEMV, or F.linear (-1) as torch-native
+        router_index = ops.native_index.get("linear", -1)
+        slots = {
+            "router.weight": sparse.router.weight,
+            "experts.w13": experts.w13, "experts.w2": experts.w2,
+            "experts.w13_scale": scales[0], "experts.w2_scale": scales[1],
+            "experts.routing": torch.tensor([experts.top_k, int(experts.renormalize)], dtype=torch.int64),
+            "shared_gate.weight": sparse.shared_gate.weight if sparse.shared_gate is not None else None,
+        }
+        return slots, [router_index, index]
 
     # ---- multi-step greedy --------------------------------------------------------------------
     def can_decode_greedy(self) -> bool:

@@ -16,12 +16,13 @@ import torch
 from torch import nn
 
 from anycore.config import ModelConfig
-from anycore.engine.native_executor import AttentionGeometry, LayersFn, NativeLayer
+from anycore.engine.native_executor import AttentionGeometry, LayersFn, NativeLayer, NativeSparseMlp
 from anycore.kernels.ops import KernelOps
 from anycore.layers.attention import PagedAttention
 from anycore.layers.embedding import LogitsHead, VocabEmbedding
 from anycore.layers.forward_batch import ForwardBatch
 from anycore.layers.linear import Linear, LinearMethod
+from anycore.layers.moe import SparseMoeBlock
 from anycore.layers.norm import RMSNorm
 from anycore.layers.quant.smoothing import SmoothPair, gqa_rows
 from anycore.layers.rotary import RotaryTable
@@ -81,6 +82,10 @@ class MLP(nn.Module):
         return self.down_proj(getattr(self.ops, self.activation)(self.gate_up_proj(x)))
 
 
+def _is_swiglu(mlp: nn.Module) -> bool:
+    return isinstance(mlp, MLP) and mlp.activation == "silu_and_mul"
+
+
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_idx: int, ops: KernelOps, dtype: torch.dtype, linear: MakeLinear,
                  mlp: nn.Module) -> None:
@@ -91,13 +96,24 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops, dtype)
 
     def native_layer(self) -> NativeLayer | None:
-        """The layer in the native stack's slots, or None when it has a block they lack (a
-        sparse MLP, q/k norms over the whole projection, clipped q/k/v)."""
+        """The layer in the native stack's slots, or None when it has a block they lack (clipped
+        q/k/v, an MLP other than SwiGLU or a sparse MLP of SwiGLU experts)."""
         attn, mlp = self.self_attn, self.mlp
-        if not isinstance(mlp, MLP) or attn.qk_norm_full or attn.clip_qkv is not None:
+        if attn.clip_qkv is not None:
+            return None
+        sparse = None
+        if isinstance(mlp, SparseMoeBlock):
+            shared = mlp.shared_expert
+            if shared is not None and not _is_swiglu(shared):
+                return None
+            sparse = NativeSparseMlp(mlp.gate, mlp.experts, mlp.shared_expert_gate)
+            gate_up, down = (shared.gate_up_proj, shared.down_proj) if shared is not None else (None, None)
+        elif _is_swiglu(mlp):
+            gate_up, down = mlp.gate_up_proj, mlp.down_proj
+        else:
             return None
         return NativeLayer(self.input_layernorm, attn.qkv_proj, attn.q_norm, attn.k_norm, attn.o_proj,
-                           self.post_attention_layernorm, mlp.gate_up_proj, mlp.down_proj)
+                           self.post_attention_layernorm, gate_up, down, sparse)
 
     def forward(self, hidden, residual, cos, sin, batch: ForwardBatch):
         if residual is None:

@@ -6,8 +6,8 @@ sigmoid-gated shared expert); the other layers keep the dense SwiGLU MLP. Attent
 by config: Qwen3-MoE per-head q/k norm, Qwen2-MoE q/k/v bias, OLMoE q/k norm over the whole
 projection (``qk_norm_full``) and optional ``clip_qkv``.
 
-The native decoder stack has no slot for a sparse MLP, so ``native_layers()`` is None and these
-models run op by op (each MoE layer's experts still one fused call); `anycore doctor` says so.
+The native decoder stack runs these layers too (its sparse-MLP slots, csrc/common/decoder_layout.h):
+router, experts and shared expert in the same kernels and order as SparseMoeBlock, so the same bits.
 """
 
 from __future__ import annotations

@@ -154,7 +154,8 @@ struct LayerPtrs {
 const bf16* bf16_ptr(const at::Tensor& t) { return reinterpret_cast<const bf16*>(t.data_ptr()); }
 
 // The layer's pointers, or false when it cannot run in the team (not bf16, a dense projection
-// off the native GEMV): decoder_stack then takes the op-by-op path. fp32 copies of W8A8 scales
+// off the native GEMV, a sparse MLP, q/k norms over the whole projection): decoder_stack then
+// runs its layers one by one. fp32 copies of W8A8 scales
 // and biases that are stored otherwise go to `keep` (alive for the step).
 bool layer_ptrs(const Weights& w, int64_t w0, const int64_t* lin, int64_t hidden, int64_t q_size,
                 int64_t kv_size, int64_t head_dim, std::vector<at::Tensor>& keep, LayerPtrs& out) {
@@ -209,6 +210,7 @@ bool layer_ptrs(const Weights& w, int64_t w0, const int64_t* lin, int64_t hidden
     g.dense = table(impl).linear[1], g.w = bf16_ptr(*wt), g.bias = bias ? bf16_ptr(*bias) : nullptr;
     return g.dense ? g.n : 0;
   };
+  if (get(kRouter)) return false;  // a sparse MLP: its experts run in fused_moe's own call
   out.q_norm = out.k_norm = nullptr;
   if (get(kQNorm) && !(vec(kQNorm, head_dim, out.q_norm) && vec(kKNorm, head_dim, out.k_norm))) return false;
   if (!(vec(kInputNorm, hidden, out.input_norm) && vec(kPostNorm, hidden, out.post_norm) &&

@@ -1,6 +1,7 @@
 // Every Llama-family decoder layer of a model in one call (decoder_stack): per layer pre-norm
-// attention with merged QKV (optional bias, optional per-head Q/K norm), RoPE, paged KV, then a
-// SwiGLU MLP with merged gate/up.
+// attention with merged QKV (optional bias, optional Q/K norm per head or over the whole
+// projection), RoPE, paged KV, then a SwiGLU MLP with merged gate/up, or a sparse MoE MLP (router,
+// routed experts in one fused_moe / fused_moe_w8a8 call, optional sigmoid-gated shared expert).
 //
 // Why: at batch 1 a decode step is ~15 small ops per layer; from Python each costs an
 // interpreter round trip and a few tensor allocations, which added up to ~25% of a SmolLM2
@@ -38,16 +39,45 @@ std::optional<at::Tensor> optional(const Weights& w, int64_t i) {
 // with at most 4 rows (measured faster than oneDNN there on x86; on Arm chosen so decode runs as
 // one native call, not timed: the same rule as `linear` in kernels/dispatch.py,
 // NATIVE_LINEAR_MAX_ROWS), at::linear for everything else or when impl < 0.
+at::Tensor dense(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias, int64_t impl) {
+  if (impl >= 0 && x.scalar_type() == at::kBFloat16 && weight.scalar_type() == at::kBFloat16 && x.size(0) <= kNativeLinearMaxRows &&
+      weight.is_contiguous())
+    return linear(x, weight, bias, impl);
+  return at::linear(x, weight, bias);
+}
+
 at::Tensor project(const at::Tensor& x, const Weights& w, int64_t first, int64_t impl) {
   at::Tensor weight = required(w, first);
   std::optional<at::Tensor> scale = optional(w, first + 1), bias = optional(w, first + 2);
   // GGUF blocks (uint8): the scale slot holds the block type (decoder_layout.h)
   if (weight.scalar_type() == at::kByte) return gguf_linear(x, weight, required(w, first + 1).item<int64_t>(), bias, impl);
   if (scale.has_value()) return w8a8_linear(x, weight, *scale, bias, impl);
-  if (impl >= 0 && x.scalar_type() == at::kBFloat16 && weight.scalar_type() == at::kBFloat16 && x.size(0) <= kNativeLinearMaxRows &&
-      weight.is_contiguous())
-    return linear(x, weight, bias, impl);
-  return at::linear(x, weight, bias);
+  return dense(x, weight, bias, impl);
+}
+
+// The dense SwiGLU MLP in the gate_up / down slots: down(silu(gate) * up).
+at::Tensor swiglu(const at::Tensor& x, const Weights& w, int64_t w0, const int64_t* lin, int64_t silu_impl) {
+  return project(silu_and_mul(project(x, w, w0 + kGateUp, lin[kLinGateUp]), silu_impl), w, w0 + kDown, lin[kLinDown]);
+}
+
+// A sparse MoE MLP (anycore/layers/moe.py SparseMoeBlock): the routed experts of x's rows, plus
+// sigmoid(shared_gate(x)) * the shared expert when the layer has one; the same ATen ops in the
+// same order as the module, so the same bits.
+at::Tensor sparse_mlp(const at::Tensor& x, const Weights& w, int64_t w0, const int64_t* lin, int64_t silu_impl) {
+  const at::Tensor logits = dense(x, required(w, w0 + kRouter), std::nullopt, lin[kLinRouter]);
+  const at::Tensor routing = required(w, w0 + kExpertsRouting);
+  TORCH_CHECK(routing.scalar_type() == at::kLong && routing.numel() == 2, "experts.routing must be int64 [top_k, renormalize]");
+  const int64_t top_k = routing.data_ptr<int64_t>()[0];
+  const bool renormalize = routing.data_ptr<int64_t>()[1] != 0;
+  const at::Tensor w13 = required(w, w0 + kExpertsW13), w2 = required(w, w0 + kExpertsW2);
+  at::Tensor out;
+  if (auto s13 = optional(w, w0 + kExpertsW13Scale))
+    out = fused_moe_w8a8(x, logits, w13, w2, top_k, renormalize, *s13, required(w, w0 + kExpertsW2Scale), lin[kLinExperts]);
+  else
+    out = fused_moe(x, logits, w13, w2, top_k, renormalize, std::nullopt, std::nullopt, lin[kLinExperts]);
+  if (auto gate = optional(w, w0 + kSharedGate))
+    out = out + at::sigmoid(dense(x, *gate, std::nullopt, lin[kLinRouter])) * swiglu(x, w, w0, lin, silu_impl);
+  return out;
 }
 
 // RMSNorm of each head_dim slice of rows [tokens, heads * head_dim] with row stride `stride`
@@ -122,8 +152,11 @@ std::tuple<at::Tensor, at::Tensor> run_layer(const at::Tensor& hidden, const std
   int64_t q_stride = qkv.stride(0), k_stride = qkv.stride(0);
   at::Tensor qn, kn;
   if (auto qw = optional(weights, w0 + kQNorm)) {
-    qn = head_norm(qkv, q_src, q_stride, T, H, D, *qw, eps, op_impls[kOpRmsNorm]);
-    kn = head_norm(qkv, k_src, k_stride, T, KV, D, required(weights, w0 + kKNorm), eps, op_impls[kOpRmsNorm]);
+    // per head, or (a norm as wide as the projection: OLMoE) over all heads at once
+    const bool whole = qw->numel() == q_size && q_size != D;
+    qn = head_norm(qkv, q_src, q_stride, T, whole ? 1 : H, whole ? q_size : D, *qw, eps, op_impls[kOpRmsNorm]);
+    kn = head_norm(qkv, k_src, k_stride, T, whole ? 1 : KV, whole ? kv_size : D, required(weights, w0 + kKNorm), eps,
+                   op_impls[kOpRmsNorm]);
     q_src = qn.data_ptr(), k_src = kn.data_ptr();
     q_stride = q_size, k_stride = kv_size;
   }
@@ -151,8 +184,8 @@ std::tuple<at::Tensor, at::Tensor> run_layer(const at::Tensor& hidden, const std
   // MLP
   at::Tensor normed2, res2;
   std::tie(normed2, res2) = add_rms_norm(o, res, required(weights, w0 + kPostNorm), eps, op_impls[kOpAddRmsNorm]);
-  at::Tensor act = silu_and_mul(project(normed2, weights, w0 + kGateUp, lin[kLinGateUp]), op_impls[kOpSiluMul]);
-  return {project(act, weights, w0 + kDown, lin[kLinDown]), res2};
+  if (optional(weights, w0 + kRouter)) return {sparse_mlp(normed2, weights, w0, lin, op_impls[kOpSiluMul]), res2};
+  return {swiglu(normed2, weights, w0, lin, op_impls[kOpSiluMul]), res2};
 }
 
 }  // namespace
@@ -163,10 +196,11 @@ StackWeights::StackWeights(Weights w, std::vector<int64_t> linear, std::vector<i
   TORCH_CHECK(layers > 0 && static_cast<int64_t>(weights.size()) == layers * kNumWeights, "StackWeights takes ",
               kNumWeights, " weights per layer");
   TORCH_CHECK(static_cast<int64_t>(linear_impls.size()) == layers * kNumLinears && op_impls.size() == kNumOps,
-              "StackWeights takes 4 linear implementation indices per layer and 5 op indices");
+              "StackWeights takes ", kNumLinears, " linear implementation indices per layer and ", kNumOps,
+              " op indices");
 }
 
-// Every layer of the model in one call: layer l reads weights[16 l ...], linear_impls[4 l ...]
+// Every layer of the model in one call: layer l reads weights[kNumWeights l ...], linear_impls[kNumLinears l ...]
 // and the pools' slice l ([num_layers, slots, kv_heads, head_dim]). Same results as the layers
 // op by op; what it saves is the per-layer trip through Python and the dispatcher (a per-layer
 // call still cost about 30 us a layer, 6% of a SmolLM2 bf16 decode step).

@@ -13,16 +13,27 @@
 namespace anycore::ops {
 
 // weights[], in this order; each projection is (weight, W8A8 scale or None, bias or None), or
-// for GGUF blocks (uint8 weight, anycore/kernels/gguf.py) (blocks, int64 [1] block type, bias or None)
+// for GGUF blocks (uint8 weight, anycore/kernels/gguf.py) (blocks, int64 [1] block type, bias or None).
+// q_norm / k_norm: [head_dim] per head (Qwen3), or [heads * head_dim] over the whole projection (OLMoE).
+// A sparse MLP (anycore/layers/moe.py) fills the router.. slots: router weight [E, hidden] in the
+// activation dtype, the stacked experts as fused_moe / fused_moe_w8a8 take them (the scales
+// given: int8 experts packed by that variant), int64 [2] (top_k, renormalize); a shared expert
+// (Qwen2-MoE) fills gate_up / down and its sigmoid gate [1, hidden] shared_gate; without one
+// they stay empty. Dense layers leave the sparse slots empty.
 enum WeightIndex : int {
   kInputNorm, kQkv, kQkvScale, kQkvBias, kQNorm, kKNorm, kO, kOScale, kOBias,
-  kPostNorm, kGateUp, kGateUpScale, kGateUpBias, kDown, kDownScale, kDownBias, kNumWeights
+  kPostNorm, kGateUp, kGateUpScale, kGateUpBias, kDown, kDownScale, kDownBias,
+  kRouter, kExpertsW13, kExpertsW2, kExpertsW13Scale, kExpertsW2Scale, kExpertsRouting, kSharedGate, kNumWeights
 };
 // the slot names Python fills, in WeightIndex order
 inline constexpr const char* kWeightNames[kNumWeights] = {
     "input_norm", "qkv.weight", "qkv.scale", "qkv.bias", "q_norm", "k_norm", "o.weight", "o.scale", "o.bias",
-    "post_norm", "gate_up.weight", "gate_up.scale", "gate_up.bias", "down.weight", "down.scale", "down.bias"};
-enum LinearIndex : int { kLinQkv, kLinO, kLinGateUp, kLinDown, kNumLinears };
+    "post_norm", "gate_up.weight", "gate_up.scale", "gate_up.bias", "down.weight", "down.scale", "down.bias",
+    "router.weight", "experts.w13", "experts.w2", "experts.w13_scale", "experts.w2_scale", "experts.routing",
+    "shared_gate.weight"};
+// projections' variants; kLinRouter: the `linear` variant of the router and shared gate (-1: at::linear),
+// kLinExperts: the fused_moe variant (float experts) or fused_moe_w8a8's (int8); -1 in dense layers
+enum LinearIndex : int { kLinQkv, kLinO, kLinGateUp, kLinDown, kLinRouter, kLinExperts, kNumLinears };
 enum OpIndex : int { kOpRmsNorm, kOpAddRmsNorm, kOpRotary, kOpSiluMul, kOpAttention, kNumOps };
 
 using Weights = c10::List<std::optional<at::Tensor>>;

@@ -15,6 +15,8 @@ import pytest
 import torch
 
 from anycore import LLM, SamplingParams
+from tests.models.test_moe_models import _configs as moe_configs
+from tests.models.test_moe_models import write_checkpoint as write_moe_checkpoint
 from tests.models.test_tiny_models import _configs, write_checkpoint
 
 
@@ -42,6 +44,20 @@ def _run(llm: LLM):
 @pytest.mark.parametrize("name", sorted(_configs()))
 def test_native_stack_is_bit_identical(tmp_path, tokenizer, name, dtype, quantization):
     write_checkpoint(tmp_path, name, tokenizer)
+    _compare_paths(tmp_path, dtype, quantization)
+
+
+@pytest.mark.parametrize("quantization", [None, "w8a8_int8"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("name", sorted(moe_configs()))
+def test_native_stack_runs_moe_layers_bit_identically(tmp_path, tokenizer, name, dtype, quantization):
+    """Sparse layers in the stack's slots (router, fused_moe / fused_moe_w8a8 experts, Qwen2-MoE's
+    gated shared expert, OLMoE's whole-projection q/k norms), dense layers between them."""
+    write_moe_checkpoint(tmp_path, name, tokenizer)
+    _compare_paths(tmp_path, dtype, quantization)
+
+
+def _compare_paths(tmp_path, dtype: str, quantization: str | None) -> None:
     results = {}
     for mode in ("stack", "off"):
         llm = LLM(model=str(tmp_path), dtype=dtype, kv_cache_gb=0.01, quantization=quantization)
@@ -74,7 +90,9 @@ def test_stack_slots_follow_the_extension_layout():
     if select_ops().decoder_stack is None:
         pytest.skip("no native decoder stack here")
     names, max_rows = native_layout()
-    assert names[:4] == ("input_norm", "qkv.weight", "qkv.scale", "qkv.bias") and len(names) == 16
+    assert names[:4] == ("input_norm", "qkv.weight", "qkv.scale", "qkv.bias") and len(names) == 23
+    assert names[16:] == ("router.weight", "experts.w13", "experts.w2", "experts.w13_scale", "experts.w2_scale",
+                          "experts.routing", "shared_gate.weight")
     assert max_rows == NATIVE_LINEAR_MAX_ROWS
 
 

@@ -56,7 +56,9 @@ def test_random_moe_checkpoint_matches_transformers(tmp_path, tokenizer, name):
     hf = write_checkpoint(tmp_path, name, tokenizer)
     llm = LLM(model=str(tmp_path), dtype="float32", kv_cache_gb=0.01)
     model = llm.engine.model
-    assert model.config.moe is not None and llm.engine.runner.native.stack(torch.float32) is None  # op by op
+    assert model.config.moe is not None
+    if llm.engine.ops.decoder_stack is not None:  # the sparse layers run in the native stack
+        assert llm.engine.runner.native.stack(torch.float32) is not None
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     expected = [hf_greedy(hf, p, 12) for p in PROMPTS]
     assert [o.token_ids for o in llm.generate(PROMPTS, params)] == expected
