@@ -8,6 +8,11 @@
 // most that many rows runs the variant's GEMV, anything else at::mm (oneDNN). An expert no token
 // chose is never read, so a batch-1 decode streams exactly top_k experts' weights.
 //
+// One bf16 token (batch-1 decode) with the variant's GEMV: its top_k experts' projections in one
+// thread team, the threads taking row runs of all the chosen experts on demand (each row's dot
+// product is the GEMV's whatever the run, so the same bits); two barriers instead of a fork and
+// join per expert projection.
+//
 // int8 experts (w13_scale, w2_scale given; the W8A8 scheme of anycore/kernels/int8.py, weights
 // [E, N, K] int8 as the torch-native implementation reads them) run the same ATen steps as
 // anycore/kernels/moe.py fused_moe_torch (per-token quantization, at::_int_mm, fp32 epilogue,
@@ -23,6 +28,7 @@
 
 #include "moe_routing.h"
 #include "ops.h"
+#include "parallel.h"
 
 namespace anycore::ops {
 
@@ -36,6 +42,39 @@ void project(at::Tensor out, const at::Tensor& x, const at::Tensor& w, int dt, i
     gemv(out.data_ptr(), x.data_ptr(), x.stride(0), w.data_ptr(), nullptr, m, w.size(0), w.size(1));
   } else {
     at::mm_out(out, x, w.t());
+  }
+}
+
+constexpr int64_t kTeamRows = 64;  // expert weight rows a thread takes at a time
+
+// The one-token schedule: x [1, H] through expert expert[s]'s gate/up, silu_and_mul and down for
+// each pair s, into y[s]; bf16 with the variant's GEMV only.
+void one_token_team(LinearFn gemv, SiluMulFn silu_mul, const at::Tensor& x, const std::vector<int64_t>& expert,
+                    const at::Tensor& w13, const at::Tensor& w2, at::Tensor& gate_up, at::Tensor& act, at::Tensor& y) {
+  const int64_t pairs = static_cast<int64_t>(expert.size()), h = x.size(1), inter = w2.size(2), two_i = 2 * inter;
+  const int64_t g13 = (two_i + kTeamRows - 1) / kTeamRows, g2 = (h + kTeamRows - 1) / kTeamRows;
+  const int64_t es = x.element_size();
+  const char* xp = static_cast<const char*>(x.data_ptr());
+  const char* p13 = static_cast<const char*>(w13.data_ptr());
+  const char* p2 = static_cast<const char*>(w2.data_ptr());
+  char* gu = static_cast<char*>(gate_up.data_ptr());
+  char* ac = static_cast<char*>(act.data_ptr());
+  char* yo = static_cast<char*>(y.data_ptr());
+#pragma omp parallel num_threads(static_cast<int>(team_size(pairs * g13, 1)))
+  {
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t c = 0; c < pairs * g13; ++c) {
+      const int64_t s = c / g13, r0 = c % g13 * kTeamRows, n = std::min(kTeamRows, two_i - r0);
+      gemv(gu + (s * two_i + r0) * es, xp, h, p13 + (expert[s] * two_i + r0) * h * es, nullptr, 1, n, h);
+    }
+#pragma omp for schedule(static)
+    for (int64_t s = 0; s < pairs; ++s) silu_mul(ac + s * inter * es, gu + s * two_i * es, two_i, 1, inter);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t c = 0; c < pairs * g2; ++c) {
+      const int64_t s = c / g2, r0 = c % g2 * kTeamRows, n = std::min(kTeamRows, h - r0);
+      gemv(yo + (s * h + r0) * es, ac + s * inter * es, inter, p2 + (expert[s] * h + r0) * inter * es, nullptr, 1, n,
+           inter);
+    }
   }
 }
 
@@ -99,6 +138,12 @@ at::Tensor fused_moe(const at::Tensor& x_in, const at::Tensor& router_logits, co
       auto [aq, as] = quantize_per_token(act);
       y.narrow(0, b, c).copy_(int8_project(aq, as, w2[j], (*w2_scale)[j], x.scalar_type()));
     }
+  } else if (LinearFn gemv = table(impl).linear[dt]; t == 1 && dt == 1 && gemv != nullptr) {
+    at::Tensor gate_up = at::empty({pairs, 2 * inter}, x.options());
+    at::Tensor act = at::empty({pairs, inter}, x.options());
+    std::vector<int64_t> expert(pairs);
+    for (int64_t s = 0; s < pairs; ++s) expert[s] = r.expert[r.order[s]];
+    one_token_team(gemv, ANYCORE_PICK(silu_and_mul, impl, dt), x, expert, w13, w2, gate_up, act, y);
   } else {
     at::Tensor rows = x.index_select(0, token_of);
     at::Tensor gate_up = at::empty({pairs, 2 * inter}, x.options());

@@ -80,3 +80,19 @@ def test_shapes_that_do_not_fit_are_refused():
         moe.fused_moe_torch(x, logits, w13, w2, 5, True)
     with pytest.raises(ValueError, match="do not fit"):
         moe.fused_moe_torch(x, logits[:, :3], w13, w2, 2, True)
+
+
+def test_one_bf16_token_equals_its_rows_in_a_batch(kernel, impl):
+    """A single bf16 token (the batch-1 decode schedule: all its experts' GEMV rows in one thread
+    team) gives the bits the per-expert GEMV calls give the same token twice; unchosen experts
+    stay unread."""
+    if impl in ("reference", "torch-native"):
+        pytest.skip("the one-token schedule is the native kernels'")
+    e, h, i = 8, 200, 100  # row runs with a tail on both projections
+    x, logits = torch.randn(1, h).to(torch.bfloat16), torch.randn(1, e).to(torch.bfloat16)
+    logits[0, [0, 5]] = -30.0
+    w13, w2 = _experts(e, h, i, torch.bfloat16)
+    w13[[0, 5]], w2[[0, 5]] = float("nan"), float("nan")
+    alone = kernel(x, logits, w13, w2, 3, True)
+    twice = kernel(x.repeat(2, 1), logits.repeat(2, 1), w13, w2, 3, True)
+    assert torch.isfinite(alone).all() and torch.equal(alone[0], twice[0]) and torch.equal(alone[0], twice[1])

@@ -72,3 +72,19 @@ def test_experts_packed_for_another_layout_are_refused(kernel):
         return
     with pytest.raises(RuntimeError, match="packed"):  # unpacked [E, N, K] int8 into a native variant
         kernel(torch.randn(1, 32), torch.randn(1, 2), q13.reshape(2, -1), q2.reshape(2, -1), 1, True, s13, s2)
+
+
+def test_one_token_equals_its_rows_in_a_batch(kernel, impl):
+    """A single token (the batch-1 decode schedule: all its experts in one thread team) gives the
+    bits the per-expert calls give the same token twice; unchosen experts stay unread."""
+    if impl in ("reference", "torch-native"):
+        pytest.skip("the one-token schedule is the native kernels'")
+    e, h, i = 8, 200, 100  # panel runs with a tail on both projections
+    x, logits = torch.randn(1, h).to(torch.bfloat16), torch.randn(1, e)
+    logits[0, [0, 5]] = -30.0
+    _, (q13, s13, q2, s2) = _int8_experts(e, h, i)
+    s13[[0, 5]], s2[[0, 5]] = float("nan"), float("nan")
+    p13, p2 = kernel.pack(q13), kernel.pack(q2)
+    alone = kernel(x, logits, p13, p2, 3, True, s13, s2)
+    twice = kernel(x.repeat(2, 1), logits.repeat(2, 1), p13, p2, 3, True, s13, s2)
+    assert torch.isfinite(alone).all() and torch.equal(alone[0], twice[0]) and torch.equal(alone[0], twice[1])
