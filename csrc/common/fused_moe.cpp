@@ -9,9 +9,10 @@
 // chose is never read, so a batch-1 decode streams exactly top_k experts' weights.
 //
 // One bf16 token (batch-1 decode) with the variant's GEMV: its top_k experts' projections in one
-// thread team, the threads taking row runs of all the chosen experts on demand (each row's dot
-// product is the GEMV's whatever the run, so the same bits); two barriers instead of a fork and
-// join per expert projection.
+// thread team, each thread taking one contiguous share of the row runs of all the chosen experts
+// (static: a thread streams one unbroken stretch of weight memory, which the prefetchers reward
+// over on-demand runs; each row's dot product is the GEMV's whatever the run, so the same bits);
+// two barriers instead of a fork and join per expert projection.
 //
 // int8 experts (w13_scale, w2_scale given; the W8A8 scheme of anycore/kernels/int8.py, weights
 // [E, N, K] int8 as the torch-native implementation reads them) run the same ATen steps as
@@ -62,14 +63,14 @@ void one_token_team(LinearFn gemv, SiluMulFn silu_mul, const at::Tensor& x, cons
   char* yo = static_cast<char*>(y.data_ptr());
 #pragma omp parallel num_threads(static_cast<int>(team_size(pairs * g13, 1)))
   {
-#pragma omp for schedule(dynamic, 1)
+#pragma omp for schedule(static)
     for (int64_t c = 0; c < pairs * g13; ++c) {
       const int64_t s = c / g13, r0 = c % g13 * kTeamRows, n = std::min(kTeamRows, two_i - r0);
       gemv(gu + (s * two_i + r0) * es, xp, h, p13 + (expert[s] * two_i + r0) * h * es, nullptr, 1, n, h);
     }
 #pragma omp for schedule(static)
     for (int64_t s = 0; s < pairs; ++s) silu_mul(ac + s * inter * es, gu + s * two_i * es, two_i, 1, inter);
-#pragma omp for schedule(dynamic, 1)
+#pragma omp for schedule(static)
     for (int64_t c = 0; c < pairs * g2; ++c) {
       const int64_t s = c / g2, r0 = c % g2 * kTeamRows, n = std::min(kTeamRows, h - r0);
       gemv(yo + (s * h + r0) * es, ac + s * inter * es, inter, p2 + (expert[s] * h + r0) * inter * es, nullptr, 1, n,

@@ -11,8 +11,9 @@
 //
 // One token (batch-1 decode) takes another schedule of the same kernels: its top_k experts'
 // projections in one thread team (quantize_row + gemm_panels, the two steps w8a8_linear takes
-// for one row, so the same bits), the threads taking 16-column panel runs of all the chosen
-// experts on demand; two barriers instead of a fork and join per expert projection.
+// for one row, so the same bits), each thread taking one contiguous share of the 16-column panel
+// runs of all the chosen experts (static: one unbroken stretch of weight memory per thread); two
+// barriers instead of a fork and join per expert projection.
 //
 // Compiled for the baseline ISA like fused_moe.cpp: it only routes, gathers and calls through
 // the variant's table.
@@ -62,7 +63,7 @@ bool one_token_team(const Int8Kernels& k8, SiluMulFn silu_mul, const at::Tensor&
     void* ws = static_cast<char*>(work.data_ptr()) + omp_get_thread_num() * ws_bytes;
     W8A8Args a = args(x.data_ptr(), h, two_i, ws);  // the token, quantized once per thread
     k8.quantize_row(a);
-#pragma omp for schedule(dynamic, 1)
+#pragma omp for schedule(static)
     for (int64_t c = 0; c < pairs * g13; ++c) {
       const int64_t s = c / g13, q = c % g13, j = expert[s];
       a.w = p13 + j * b13, a.w_scale = s13 + j * two_i, a.out = gu + s * two_i * es;
@@ -72,7 +73,7 @@ bool one_token_team(const Int8Kernels& k8, SiluMulFn silu_mul, const at::Tensor&
     for (int64_t s = 0; s < pairs; ++s) silu_mul(ac + s * inter * es, gu + s * two_i * es, two_i, 1, inter);
     int64_t quantized = -1;  // the act row in this thread's workspace
     W8A8Args d{};
-#pragma omp for schedule(dynamic, 1)
+#pragma omp for schedule(static)
     for (int64_t c = 0; c < pairs * g2; ++c) {
       const int64_t s = c / g2, q = c % g2, j = expert[s];
       if (s != quantized) {
