@@ -26,6 +26,7 @@ struct VecNeon {
 #else
   static constexpr bool kBf16Dot = false;
 #endif
+  static constexpr bool kBf16PairDot = kBf16Dot;  // dot_pairs below
   float32x4_t v[4];
 
   static VecNeon set1(float a) {
@@ -132,6 +133,24 @@ struct VecNeon {
     uint16_t tmp[8] = {};
     std::memcpy(tmp, p, static_cast<size_t>(n) * sizeof(bf16));
     return vreinterpretq_bf16_u16(vld1q_u16(tmp));
+  }
+  // acc[i] += lo(pair) * b[2i] + hi(pair) * b[2i + 1] for the W lanes: `pair` is two bf16 (the
+  // low half first), b points at 2W bf16 (BFDOT with one operand broadcast); see vec_avx512.h.
+  static VecNeon dot_pairs(VecNeon acc, uint32_t pair, const bf16* b) {
+    const bfloat16x8_t p = vreinterpretq_bf16_u32(vdupq_n_u32(pair));
+    return {{vbfdotq_f32(acc.v[0], p, ld_bf16(b)), vbfdotq_f32(acc.v[1], p, ld_bf16(b + 8)),
+             vbfdotq_f32(acc.v[2], p, ld_bf16(b + 16)), vbfdotq_f32(acc.v[3], p, ld_bf16(b + 24))}};
+  }
+  // out[2i] = a[i], out[2i + 1] = b[i] for i < W: two rows of bf16 as W pairs (dot_pairs' layout)
+  static void zip_bf16(const bf16* a, const bf16* b, bf16* out) {
+    const uint16_t* x = reinterpret_cast<const uint16_t*>(a);
+    const uint16_t* y = reinterpret_cast<const uint16_t*>(b);
+    uint16_t* o = reinterpret_cast<uint16_t*>(out);
+    for (int h = 0; h < 2; ++h) {
+      const uint16x8_t u = vld1q_u16(x + 8 * h), v = vld1q_u16(y + 8 * h);
+      vst1q_u16(o + 16 * h, vzip1q_u16(u, v));
+      vst1q_u16(o + 16 * h + 8, vzip2q_u16(u, v));
+    }
   }
   // dot(a, b) over n values: four independent BFDOT chains, 32 values per step
   static float dot_bf16(const bf16* a, const bf16* b, int64_t n) {

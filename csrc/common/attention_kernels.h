@@ -11,6 +11,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
+#include <type_traits>
 
 #include "kernel_helpers.h"
 #include "kernel_table.h"
@@ -27,6 +29,107 @@ inline float dot_qk(const float* qf, const T* qraw, const T* k, int64_t d) {
     V acc = V::zero();
     for (int64_t i = 0; i < d; i += V::W) acc = V::fma(V::load(qf + i), load_any<V>(k + i, d - i), acc);
     return acc.sum();
+  }
+}
+
+// A vector type with V::dot_pairs (bf16 pairs multiplied and summed into fp32 lanes: VDPBF16PS,
+// BFDOT) runs the blocked path's two products on bf16 pairs, half the instructions of fp32 FMAs:
+// scores from K laid out as pairs of head dimensions per key, P V from V laid out as pairs of
+// keys per head dimension, with P rounded to bf16 (as a bf16 GEMM of P and V would). The scores
+// lose nothing (bf16 products are exact in fp32); the output differs from the fp32 path by about
+// a bf16 ulp of P.
+template <typename V, typename = void>
+inline constexpr bool kPairDot = false;
+template <typename V>
+inline constexpr bool kPairDot<V, std::void_t<decltype(V::kBf16PairDot)>> = V::kBf16PairDot;
+
+inline uint32_t bf16_pair(const bf16* p) {  // p[0] in the low half, p[1] in the high half
+  uint32_t u;
+  std::memcpy(&u, p, sizeof(u));
+  return u;
+}
+
+// pairs: K and V of one key block (bn <= kKeyBlock keys) into the pair layouts, then the scaled
+// scores of every row for the block's kKeyBlock columns into sc (as the fp32 blocked path).
+template <typename V>
+void pair_block_scores(const AttnArgs& a, const bf16* const* kp, const bf16* const* vp, int64_t bn, int64_t rows,
+                       int64_t kb, const int64_t* pos, const bf16* const* qrow, uint32_t* kt2, bf16* vb2,
+                       int64_t dpad, float* sc) {
+  const int64_t D = a.head_dim, half = D / 2;
+  // Zeros where no key writes but a loop reads: the score columns past a short last block (never
+  // used, but kept finite) and the padded head dimensions of V (multiplied by p, so they must be
+  // finite). The odd key of a short block's last pair is zeros too (below), with p == 0.
+  if (bn < kKeyBlock) std::fill(kt2, kt2 + half * kKeyBlock, 0u);
+  if (dpad != D) std::fill(vb2, vb2 + kKeyBlock * dpad, bf16{});
+  for (int64_t b = 0; b < bn; ++b) {
+    for (int64_t i = 0; i < half; ++i) kt2[i * kKeyBlock + b] = bf16_pair(kp[b] + 2 * i);
+  }
+  static const bf16 kZeros[kMaxHeadDim] = {};
+  for (int64_t b = 0; b < bn; b += 2) {  // keys b and b + 1 (zeros past the block's last key)
+    const bf16* v0 = vp[b];
+    const bf16* v1 = b + 1 < bn ? vp[b + 1] : kZeros;
+    bf16* dst = vb2 + (b / 2) * dpad * 2;
+    int64_t d = 0;
+    for (; d + V::W <= D; d += V::W) V::zip_bf16(v0 + d, v1 + d, dst + 2 * d);
+    for (; d < D; ++d) dst[2 * d] = v0[d], dst[2 * d + 1] = v1[d];
+  }
+  const V vscale = V::set1(a.scale);
+  for (int64_t r = 0; r < rows; r += 2) {
+    const int64_t r1 = r + 1 < rows ? r + 1 : r;
+    if (pos[r1] < kb) continue;  // pos is non-decreasing in r: both rows see nothing here
+    const bf16* qa = qrow[r];
+    const bf16* qb = qrow[r1];
+    V a0 = V::zero(), a1 = V::zero(), b0 = V::zero(), b1 = V::zero();
+    for (int64_t i = 0; i < half; ++i) {
+      const bf16* k0 = reinterpret_cast<const bf16*>(kt2 + i * kKeyBlock);  // keys 0..W-1, then W..2W-1
+      const uint32_t x = bf16_pair(qa + 2 * i), y = bf16_pair(qb + 2 * i);
+      a0 = V::dot_pairs(a0, x, k0);
+      a1 = V::dot_pairs(a1, x, k0 + 2 * V::W);
+      b0 = V::dot_pairs(b0, y, k0);
+      b1 = V::dot_pairs(b1, y, k0 + 2 * V::W);
+    }
+    (a0 * vscale).store(sc + r * kKeyBlock);
+    (a1 * vscale).store(sc + r * kKeyBlock + V::W);
+    (b0 * vscale).store(sc + r1 * kKeyBlock);
+    (b1 * vscale).store(sc + r1 * kKeyBlock + V::W);
+  }
+}
+
+// pairs: acc = acc * alpha + P V for every row, P rounded to bf16 and paired by keys. Masked keys
+// have p == 0 (and zero V) and masked rows alpha == 1, so every row runs the same loop.
+template <typename V>
+void pair_block_pv(int64_t bn, int64_t rows, int64_t kb, const int64_t* pos, const float* alpha, const bf16* vb2,
+                   int64_t dpad, const float* sc, float* acc) {
+  constexpr int64_t kChunks = 4;  // head-dimension vectors per pass: 2 x 4 independent chains
+  const int64_t npairs = (bn + 1) / 2;
+  alignas(64) bf16 pa[kKeyBlock], pb[kKeyBlock];
+  for (int64_t r = 0; r < rows; r += 2) {
+    const int64_t r1 = r + 1 < rows ? r + 1 : r;
+    if (pos[r1] < kb) continue;
+    for (int64_t b = 0; b < kKeyBlock; b += V::W) {
+      V::load(sc + r * kKeyBlock + b).store(pa + b);
+      V::load(sc + r1 * kKeyBlock + b).store(pb + b);
+    }
+    for (int64_t d0 = 0; d0 < dpad; d0 += kChunks * V::W) {
+      const int64_t nc = std::min<int64_t>(kChunks, (dpad - d0) / V::W);
+      V xa[kChunks], xb[kChunks];
+      for (int64_t c = 0; c < nc; ++c) {
+        xa[c] = V::load(acc + r * dpad + d0 + c * V::W) * V::set1(alpha[r]);
+        xb[c] = V::load(acc + r1 * dpad + d0 + c * V::W) * V::set1(alpha[r1]);
+      }
+      for (int64_t j = 0; j < npairs; ++j) {
+        const uint32_t x = bf16_pair(pa + 2 * j), y = bf16_pair(pb + 2 * j);
+        const bf16* vj = vb2 + (j * dpad + d0) * 2;
+        for (int64_t c = 0; c < nc; ++c) {
+          xa[c] = V::dot_pairs(xa[c], x, vj + c * 2 * V::W);
+          xb[c] = V::dot_pairs(xb[c], y, vj + c * 2 * V::W);
+        }
+      }
+      for (int64_t c = 0; c < nc; ++c) {  // r1 last: it is r on an odd last row
+        xa[c].store(acc + r * dpad + d0 + c * V::W);
+        xb[c].store(acc + r1 * dpad + d0 + c * V::W);
+      }
+    }
   }
 }
 
@@ -55,6 +158,10 @@ void attn_item(const AttnArgs& a, const int64_t* item, int64_t split, float* scr
   // scores per FMA chain from K transposed (no horizontal sums). Few rows (decode): one dot
   // product per (row, key) straight from the cache.
   const bool blocked = rows >= 8;
+  bool pairs = false;  // the blocked path on bf16 pairs (kPairDot)
+  if constexpr (kPairDot<V> && kIsBf16<T>) pairs = blocked && D % 2 == 0;
+  uint32_t* kt2 = reinterpret_cast<uint32_t*>(kt);  // pairs: [D / 2, kKeyBlock] K pairs per key
+  bf16* vb2 = reinterpret_cast<bf16*>(vb);           // pairs: [kKeyBlock / 2, dpad, 2] V per key pair
   float m[kMaxAttnRows], l[kMaxAttnRows], alpha[kMaxAttnRows];
   int64_t pos[kMaxAttnRows];
   const T* qrow[kMaxAttnRows];
@@ -83,7 +190,9 @@ void attn_item(const AttnArgs& a, const int64_t* item, int64_t split, float* scr
       kp[b] = kc + slot * a.k_ss + kvh * a.k_sh;
       vp[b] = vc + slot * a.v_ss + kvh * a.v_sh;
     }
-    if (blocked) {
+    if (pairs) {
+      if constexpr (kPairDot<V> && kIsBf16<T>) pair_block_scores<V>(a, kp, vp, bn, rows, kb, pos, qrow, kt2, vb2, dpad, sc);
+    } else if (blocked) {
       // a short last block: the score loop reads all kKeyBlock columns, so zero the unused ones
       if (bn < kKeyBlock) std::fill(kt, kt + dpad * kKeyBlock, 0.0f);
       for (int64_t b = 0; b < bn; ++b) {
@@ -157,7 +266,9 @@ void attn_item(const AttnArgs& a, const int64_t* item, int64_t split, float* scr
         s.store(ar + d);
       }
     }
-    if (blocked) {
+    if (pairs) {
+      if constexpr (kPairDot<V> && kIsBf16<T>) pair_block_pv<V>(bn, rows, kb, pos, alpha, vb2, dpad, sc, acc);
+    } else if (blocked) {
       // acc = acc * alpha + P V for two rows at a time, even/odd keys in separate chains;
       // masked keys have p == 0 and masked rows alpha == 1, so every row runs the same loop.
       for (int64_t r = 0; r < rows; r += 2) {

@@ -17,6 +17,7 @@ struct VecAvx512 {
 #else
   static constexpr bool kBf16Dot = false;
 #endif
+  static constexpr bool kBf16PairDot = kBf16Dot;  // dot_pairs below
   __m512 v;
 
   static __mmask16 mask(int n) { return static_cast<__mmask16>((1u << n) - 1u); }
@@ -141,6 +142,24 @@ struct VecAvx512 {
     for (int i = 0; i < MR; ++i)
       for (int64_t r = 0; r < nr; ++r) res[i * 4 + r] = dot_bf16(x + i * xs, w + r * k, k);
 #endif
+  }
+  // acc[i] += lo(pair) * b[2i] + hi(pair) * b[2i + 1] for the W lanes: `pair` is two bf16 (the
+  // low half first), b points at 2W bf16 (VDPBF16PS with one operand broadcast). Attention's
+  // blocked path runs its score and P V products through it (attention_kernels.h).
+  static VecAvx512 dot_pairs(VecAvx512 acc, uint32_t pair, const bf16* b) {
+#ifdef ANYCORE_AVX512_BF16
+    return {_mm512_dpbf16_ps(acc.v, (__m512bh)_mm512_set1_epi32(static_cast<int>(pair)),
+                             (__m512bh)_mm512_loadu_si512(b))};
+#else
+    (void)pair, (void)b;
+    return acc;
+#endif
+  }
+  // out[2i] = a[i], out[2i + 1] = b[i] for i < W: two rows of bf16 as W pairs (dot_pairs' layout)
+  static void zip_bf16(const bf16* a, const bf16* b, bf16* out) {
+    const __m512i lo = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a)));
+    const __m512i hi = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b)));
+    _mm512_storeu_si512(out, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
   }
   static float dot_bf16(const bf16* a, const bf16* b, int64_t n) {
 #ifdef ANYCORE_AVX512_BF16
