@@ -19,6 +19,16 @@ How the two clients count (the columns are named after these definitions):
 - chunk gap: ours only, the time between consecutive text chunks (what `anycore bench serving`
   calls ITL); it equals the per-token figure only when every token arrives in its own chunk.
 - GuideLLM's own TPOT = latency / tokens (TTFT included) is shown as `guidellm tpot`.
+- sampling: GuideLLM sends no temperature, so servers sample at the OpenAI default of 1.0; ours
+  is run at temperature 1.0 here too (`anycore bench serving` alone defaults to greedy, 0).
+
+On a machine with as few cores as the server uses (the 2-core CI machines), GuideLLM's own
+start-up (its synthetic-data worker) keeps a core busy for the first ~5 s of every level, so
+the server has one core left for them: the first requests of a level run ~1.5x slower
+(anycore bf16 at c=1: ITL 15 ms for the first two requests, 8.8-9.3 ms from the fifth on,
+server CPU 100% then 196% of 200%). Hence 32 requests a level by default (at least 4 x the
+concurrency), so the medians describe the steady state, and `guidellm itl first/second half`:
+the median ITL of the requests that started in the first and in the second half of the level.
 """
 
 from __future__ import annotations
@@ -26,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -83,8 +94,12 @@ def run_guidellm(exe: Path, url: str, tokenizer: Path, concurrency: int, request
            "--output", f"kind=json,path={out}", "--disable-console"]
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
     subprocess.run(cmd, check=True, env=env)
-    m = json.loads(out.read_text())["benchmarks"][0]["metrics"]
-    return {"output_tok_s": float(m["output_tokens_per_second"]["successful"]["mean"]),
+    bench = json.loads(out.read_text())["benchmarks"][0]
+    m = bench["metrics"]
+    by_start = sorted(bench["requests"]["successful"], key=lambda r: r["request_start_time"])
+    half = len(by_start) // 2
+    return {"itl_first_half_ms": statistics.median(r["inter_token_latency_ms"] for r in by_start[:half] or by_start),
+            "itl_second_half_ms": statistics.median(r["inter_token_latency_ms"] for r in by_start[half:]),"output_tok_s": float(m["output_tokens_per_second"]["successful"]["mean"]),
             "ttft_ms": median(m["time_to_first_token_ms"]), "itl_ms": median(m["inter_token_latency_ms"]),
             "guidellm_tpot_ms": median(m["time_per_output_token_ms"]),
             "output_tokens": median(m["output_token_count"])}
@@ -96,7 +111,9 @@ def run_ours(url: str, concurrency: int, requests: int, prompt_tokens: int, outp
     from anycore.bench import serving
     from anycore.bench.serve_workloads import serving_args
 
-    s = asyncio.run(serving.benchmark(serving_args(url, concurrency, requests, prompt_tokens, output_tokens, 0)))
+    args = serving_args(url, concurrency, requests, prompt_tokens, output_tokens, 0)
+    args.temperature = 1.0  # what GuideLLM's requests get: they send none, and the OpenAI default is 1
+    s = asyncio.run(serving.benchmark(args))
     return {"output_tok_s": s["output_throughput"], "ttft_ms": s["ttft_ms"]["p50"], "itl_ms": s["tpot_ms"]["p50"],
             "chunk_gap_ms": s["itl_ms"]["p50"], "output_tokens": s["total_output_tokens"] / max(1, s["completed"])}
 
@@ -105,7 +122,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--url", action="append", required=True, metavar="NAME=URL", help="a running server (repeatable)")
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
-    p.add_argument("--requests", type=int, default=None, help="requests per level (default: 4 x concurrency, >= 8)")
+    p.add_argument("--requests", type=int, default=None, help="requests per level (default: 4 x concurrency, >= 32)")
     p.add_argument("--prompt-tokens", type=int, default=128)
     p.add_argument("--output-tokens", type=int, default=128)
     p.add_argument("--model", default=None, help="the served model's file/folder, for its tokenizer (default model)")
@@ -118,13 +135,13 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         tokenizer = export_tokenizer(args.model, Path(tmp) / "tokenizer")
         for c in args.concurrency:
-            n = args.requests or max(8, 4 * c)
+            n = args.requests or max(32, 4 * c)
             for name, url in targets:  # interleaved: each level runs every server before the next level
                 g = run_guidellm(exe, url, tokenizer, c, n, args.prompt_tokens, args.output_tokens, Path(tmp))
                 o = run_ours(url, c, n, args.prompt_tokens, args.output_tokens)
                 rows.append({"server": name, "concurrency": c, "guidellm": g, "anycore_bench": o})
                 print(f"{name:>14} c={c:<3} | guidellm: {g['output_tok_s']:7.1f} tok/s  TTFT {g['ttft_ms']:7.1f} ms  "
-                      f"ITL {g['itl_ms']:6.2f} ms | anycore bench: {o['output_tok_s']:7.1f} tok/s  "
+                      f"ITL {g['itl_ms']:6.2f} ms (halves {g['itl_first_half_ms']:.2f} / {g['itl_second_half_ms']:.2f}) | anycore bench: {o['output_tok_s']:7.1f} tok/s  "
                       f"TTFT {o['ttft_ms']:7.1f} ms  ITL {o['itl_ms']:6.2f} ms  chunk gap {o['chunk_gap_ms']:6.2f} ms",
                       flush=True)
     if args.json:
