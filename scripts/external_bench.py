@@ -27,8 +27,8 @@ start-up (its synthetic-data worker) keeps a core busy for the first ~5 s of eve
 the server has one core left for them: the first requests of a level run ~1.5x slower
 (anycore bf16 at c=1: ITL 15 ms for the first two requests, 8.8-9.3 ms from the fifth on,
 server CPU 100% then 196% of 200%). Hence 32 requests a level by default (at least 4 x the
-concurrency), so the medians describe the steady state, and `guidellm itl first/second half`:
-the median ITL of the requests that started in the first and in the second half of the level.
+concurrency), so the medians describe the steady state, and the `halves` printed after GuideLLM's
+ITL: the median ITL of the requests that started in the first and in the second half of the level.
 """
 
 from __future__ import annotations
@@ -98,9 +98,14 @@ def run_guidellm(exe: Path, url: str, tokenizer: Path, concurrency: int, request
     m = bench["metrics"]
     by_start = sorted(bench["requests"]["successful"], key=lambda r: r["request_start_time"])
     half = len(by_start) // 2
-    return {"itl_first_half_ms": statistics.median(r["inter_token_latency_ms"] for r in by_start[:half] or by_start),
-            "itl_second_half_ms": statistics.median(r["inter_token_latency_ms"] for r in by_start[half:]),"output_tok_s": float(m["output_tokens_per_second"]["successful"]["mean"]),
+
+    def itl_median(requests: list[dict]) -> float:
+        return statistics.median(r["inter_token_latency_ms"] for r in requests)
+
+    return {"output_tok_s": float(m["output_tokens_per_second"]["successful"]["mean"]),
             "ttft_ms": median(m["time_to_first_token_ms"]), "itl_ms": median(m["inter_token_latency_ms"]),
+            "itl_first_half_ms": itl_median(by_start[:half] or by_start),
+            "itl_second_half_ms": itl_median(by_start[half:]),
             "guidellm_tpot_ms": median(m["time_per_output_token_ms"]),
             "output_tokens": median(m["output_token_count"])}
 
@@ -141,7 +146,8 @@ def main() -> int:
                 o = run_ours(url, c, n, args.prompt_tokens, args.output_tokens)
                 rows.append({"server": name, "concurrency": c, "guidellm": g, "anycore_bench": o})
                 print(f"{name:>14} c={c:<3} | guidellm: {g['output_tok_s']:7.1f} tok/s  TTFT {g['ttft_ms']:7.1f} ms  "
-                      f"ITL {g['itl_ms']:6.2f} ms (halves {g['itl_first_half_ms']:.2f} / {g['itl_second_half_ms']:.2f}) | anycore bench: {o['output_tok_s']:7.1f} tok/s  "
+                      f"ITL {g['itl_ms']:6.2f} ms (halves {g['itl_first_half_ms']:.2f} / "
+                      f"{g['itl_second_half_ms']:.2f}) | anycore bench: {o['output_tok_s']:7.1f} tok/s  "
                       f"TTFT {o['ttft_ms']:7.1f} ms  ITL {o['itl_ms']:6.2f} ms  chunk gap {o['chunk_gap_ms']:6.2f} ms",
                       flush=True)
     if args.json:
