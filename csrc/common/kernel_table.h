@@ -295,6 +295,9 @@ constexpr KernelTable int8_only_table(const char* name, Int8Kernels int8, GgufKe
 // Attention scratch limits shared by the work splitter and the kernels.
 constexpr int64_t kMaxHeadDim = 512;
 constexpr int64_t kMaxAttnRows = 64;  // (queries per item) * (heads per kv head)
+// a request with at most this many new tokens is attended as decode rows are (attention_kernels.h
+// attn_item): speculative verifies and trees up to 1 + 15 tokens
+constexpr int64_t kDecodeShapedQueries = 16;
 constexpr int64_t kKeyBlock = 32;
 constexpr int64_t kMaxVecWidth = 16;  // fp32 lanes of the widest vector type V
 

@@ -22,38 +22,31 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True)
 
 def assert_no_slot_leaked(llm: LLM) -> None:
     kv = llm.engine.kv
+    if kv.radix is None:  # (no prefix cache: nothing outlives its request)
+        assert kv.num_used == 0
+        return
     assert kv.radix.protected_size == 0 and kv.num_used == kv.radix.total_size
-
-
-def _agree(a: list[int], b: list[int]) -> int:
-    n = 0
-    while n < min(len(a), len(b)) and a[n] == b[n]:
-        n += 1
-    return n
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_greedy_tokens_identical_with_ngram_speculation(dtype, llm_fp32):
-    """fp32: token for token. bf16: a verify step is a several-token extend, whose attention
-    rounds its bf16 output differently from a one-token decode step, so a near-tie can flip
-    after a while (seen here at token 20 of 48 on the repeat prompt); the check there is that
-    the outputs agree for most of the way, and the exact check is fp32's."""
-    # a fixed thread count: the adaptive one follows the machine's load
-    # (bf16 dense: "none", not the default's Q4_1 blocks, whose int8 activations add their own near-ties)
+    """Token for token, in bf16 too: a verify step's rows are attended as one-token decode rows
+    are (csrc/common/attention_kernels.h, kDecodeShapedQueries) and its 1 + k rows take the same
+    native linear path as one row, so each verified row is the row plain decoding computes."""
+    # a fixed thread count: the adaptive one follows the machine's load. bf16: no prefix cache
+    # either (a cached prompt's last tokens are computed in a shorter extend, which rounds
+    # differently: a different but equally valid plain run), and alone is compared with alone,
+    # batched with batched (a batch of 2 decode rows takes another path than 1)
+    # (bf16 dense: "none"; the default's Q4_1 blocks are checked by the test below)
+    cache = dtype == "float32"
     base = llm_fp32 if dtype == "float32" else LLM(dtype=dtype, quantization="none", kv_cache_gb=0.25,
-                                                   adaptive_threads=False)
+                                                   adaptive_threads=False, enable_prefix_caching=False)
     spec = LLM(dtype=dtype, quantization="none", kv_cache_gb=0.25, speculative_algorithm="ngram",
-               adaptive_threads=False)
+               adaptive_threads=False, enable_prefix_caching=cache)
     prompts = [base.apply_chat_template(c) for c in CHATS]
     expected = [o.token_ids for o in base.generate(prompts, GREEDY)]
-    if dtype == "bfloat16":
-        got = [o.token_ids for o in spec.generate(prompts, GREEDY)]
-        assert all(_agree(g, w) >= 16 for g, w in zip(got, expected)), (got, expected)
-        assert spec.engine.stats().spec_acceptance_length > 1.5
-        assert_no_slot_leaked(spec)
-        return
-    for p, want in zip(prompts, expected):  # alone: verify steps vs the plain decode
-        assert spec.generate([p], GREEDY)[0].token_ids == want
+    for p in prompts:  # alone: verify steps vs the plain decode
+        assert spec.generate([p], GREEDY)[0].token_ids == base.generate([p], GREEDY)[0].token_ids
     assert [o.token_ids for o in spec.generate(prompts, GREEDY)] == expected  # batched
     stats = spec.engine.stats()
     assert stats.spec_acceptance_length > 1.5  # the repeat prompt's drafts are mostly right
@@ -61,4 +54,16 @@ def test_greedy_tokens_identical_with_ngram_speculation(dtype, llm_fp32):
     stop = SamplingParams(temperature=0.0, max_tokens=48, stop=["lens"])
     a, b = base.generate([prompts[0]], stop)[0], spec.generate([prompts[0]], stop)[0]
     assert (b.text, b.finish_reason) == (a.text, a.finish_reason) and "lens" not in b.text
+    assert_no_slot_leaked(spec)
+
+
+def test_greedy_tokens_identical_with_ngram_speculation_on_the_gguf_blocks():
+    """The default model as served by default (Q4_1 blocks, int8 activations, native stack):
+    the same tokens with and without prompt-lookup drafts."""
+    base = LLM(kv_cache_gb=0.25, adaptive_threads=False, enable_prefix_caching=False)
+    spec = LLM(kv_cache_gb=0.25, adaptive_threads=False, enable_prefix_caching=False, speculative_algorithm="ngram")
+    prompts = [base.apply_chat_template(c) for c in CHATS]
+    for p in prompts:
+        assert spec.generate([p], GREEDY)[0].token_ids == base.generate([p], GREEDY)[0].token_ids
+    assert spec.engine.stats().spec_acceptance_length > 1.5
     assert_no_slot_leaked(spec)
