@@ -68,17 +68,18 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                         "possible (default: %(default)s)")
 
     s = p.add_argument_group("speculative decoding")
-    s.add_argument("--speculative-algorithm", default=d("speculative_algorithm"), choices=["ngram", "draft", "eagle", "eagle3"],
+    s.add_argument("--speculative-algorithm", default=d("speculative_algorithm"), choices=["ngram", "draft", "eagle", "eagle3", "mtp"],
                    help="draft tokens and verify them in one step, losslessly (ngram: prompt lookup; draft: a small "
                         "model, --speculative-model or --speculative-draft-layers; eagle/eagle3: an EAGLE head "
-                        "folder, --speculative-model; default: off)")
+                        "folder, --speculative-model; mtp: the target checkpoint's own multi-token-prediction "
+                        "layer, e.g. MiMo's, no --speculative-model; default: off)")
     s.add_argument("--speculative-model", default=d("speculative_model"),
                    help="with --speculative-algorithm draft: a GGUF file or HF folder with the target's vocabulary; "
                         "with eagle/eagle3: the EAGLE head's HF folder")
     s.add_argument("--speculative-draft-layers", type=int, default=d("speculative_draft_layers"),
                    help="with --speculative-algorithm draft: draft with the target's first N layers and its head")
     s.add_argument("--speculative-eagle-topk", type=int, default=d("speculative_eagle_topk"),
-                   help="with eagle/eagle3: > 1 drafts a tree (this many branches per node and nodes per level, "
+                   help="with eagle/eagle3/mtp: > 1 drafts a tree (this many branches per node and nodes per level, "
                         "--num-speculative-tokens levels) for greedy requests (default: %(default)s, a chain)")
     s.add_argument("--num-speculative-tokens", type=int, default=d("num_speculative_tokens"),
                    help="draft tokens per verify step (default: %(default)s)")

@@ -74,7 +74,7 @@ def _moe_config(arch: str, hf: dict[str, Any]) -> MoEConfig | None:
     )
 
 
-_QKV_BIAS = ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM")  # bias on q/k/v when config.json does not say
+_QKV_BIAS = ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM", "MiMoForCausalLM")  # bias on q/k/v when config.json does not say
 
 
 @dataclass(frozen=True)
@@ -268,7 +268,8 @@ class EngineConfig:
     speculative_min_acceptance: float = 0.3
     # speculative_algorithm "draft": a small checkpoint sharing the target's vocabulary, or
     # the target's own first N layers (plus its final norm and head) as a self-draft;
-    # "eagle" / "eagle3": speculative_model is an EAGLE head's HF folder
+    # "eagle" / "eagle3": speculative_model is an EAGLE head's HF folder; "mtp": none (the
+    # target checkpoint's own multi-token-prediction layer drafts)
     speculative_model: str | None = None
     speculative_draft_layers: int | None = None
     # ---- tensor parallel (anycore/distributed/) ----
@@ -282,7 +283,7 @@ class EngineConfig:
     # the row-parallel all-reduce: "shm" (one host's shared memory, anycore/distributed/shm.py),
     # "gloo", or "auto" (shm when every rank is on one host and the op is available)
     dist_all_reduce: str = "auto"
-    # eagle / eagle3: > 1 drafts a tree (top-k branching, num_speculative_tokens levels deep) for
+    # eagle / eagle3 / mtp: > 1 drafts a tree (top-k branching, num_speculative_tokens levels deep) for
     # greedy requests, verified with tree attention; 1: a chain
     speculative_eagle_topk: int = 1
 
@@ -329,9 +330,9 @@ class EngineConfig:
         if nodes > 1 and not self.dist_init_addr:
             raise ValueError("nnodes > 1 needs dist_init_addr (HOST:PORT of node 0)")
         if tp > 1 and (self.quantization not in (None, "none")
-                       or self.speculative_algorithm in ("draft", "eagle", "eagle3")):
+                       or self.speculative_algorithm in ("draft", "eagle", "eagle3", "mtp")):
             raise ValueError("tensor parallel runs dense weights without a draft model (no quantization, "
-                             "no speculative_algorithm 'draft', 'eagle' or 'eagle3') for now")
+                             "no speculative_algorithm 'draft', 'eagle', 'eagle3' or 'mtp') for now")
         if self.dist_timeout <= 0:
             raise ValueError("dist_timeout must be > 0")
         if self.dist_all_reduce not in ("auto", "shm", "gloo"):

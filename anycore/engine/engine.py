@@ -43,7 +43,8 @@ from anycore.scheduler.request import Request, TokenLogprob
 from anycore.scheduler.scheduler import ScheduledRequest, Scheduler, SchedulerOutput
 from anycore.spec.draft_model import DraftModelSpeculator, load_draft_model
 from anycore.spec.eagle import EagleSpeculator
-from anycore.spec.policy import Speculator
+from anycore.spec.mtp import mtp_checkpoint
+from anycore.spec.policy import HEAD_ALGORITHMS, Speculator
 
 log = logging.getLogger("anycore")
 
@@ -169,10 +170,12 @@ class Engine:
             draft = load_draft_model(config.model, mc, self.ops, self.dtype, max_len, spec.draft_model,
                                      spec.draft_layers)
             self.speculator = DraftModelSpeculator(spec, draft, self.ops, num_slots, self.dtype)
-        elif spec is not None and spec.algorithm.startswith("eagle"):
+        elif spec is not None and spec.algorithm in HEAD_ALGORITHMS:
             if not hasattr(self.model, "_run_layers"):
-                raise ValueError(f"{mc.architecture} cannot expose the hidden states EAGLE drafts from")
-            self.speculator = EagleSpeculator(spec, self.model, self.ops, num_slots, self.dtype, max_len)
+                raise ValueError(f"{mc.architecture} cannot expose the hidden states {spec.algorithm} drafts from")
+            head = mtp_checkpoint(self.model, source, self.dtype) if spec.algorithm == "mtp" else None
+            self.speculator = EagleSpeculator(spec, self.model, self.ops, num_slots, self.dtype, max_len, head)
+            del head
         elif spec is not None:
             self.speculator = Speculator(spec)
         self.scheduler = Scheduler(self.kv, config.max_num_batched_tokens, config.max_num_seqs, config.policy,

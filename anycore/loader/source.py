@@ -41,6 +41,10 @@ class ModelSource:
             blocks = self._blocks(name) if native_blocks and self._blocks is not None else None
             yield name, blocks if blocks is not None else self._weights(name, dtype)
 
+    def tensor(self, name: str, dtype: torch.dtype) -> Any:
+        """One tensor by name (as ``weights`` yields it without native blocks)."""
+        return self._weights(name, dtype)
+
     def matrix_blocks(self, name: str) -> Any:
         """Tensor ``name`` as its file blocks (GGUFBlocks), or None (not a GGUF file, no such
         tensor, or a block type without a kernel)."""

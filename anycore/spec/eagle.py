@@ -1,4 +1,5 @@
-"""EAGLE / EAGLE-3 drafting: a one-layer head over the target's hidden states.
+"""EAGLE / EAGLE-3 / MTP drafting: a one-layer head over the target's hidden states
+(anycore/spec/eagle_head.py: an EAGLE head's folder, or the target's own MTP layer, spec/mtp.py).
 
 The target's forward captures, for every row it computes, the features the head reads
 (``ModelRunner.capture_layers``); after each step the engine hands them over (``add_features``).
@@ -24,6 +25,7 @@ features there: the head attends over the positions it has, at their true RoPE p
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -32,7 +34,7 @@ from anycore.kernels.ops import KernelOps
 from anycore.layers.forward_batch import ForwardBatch
 from anycore.scheduler.request import Request
 from anycore.scheduler.scheduler import SchedulerOutput
-from anycore.spec.eagle_head import EagleHead, aux_layers
+from anycore.spec.eagle_head import EagleHead, aux_layers, read_checkpoint
 from anycore.spec.policy import SpeculativeConfig, Speculator
 from anycore.spec.tree import DraftTree, ancestor_mask
 
@@ -48,12 +50,19 @@ class EagleState:
 
 class EagleSpeculator(Speculator):
     def __init__(self, config: SpeculativeConfig, target: torch.nn.Module, ops: KernelOps, num_slots: int,
-                 dtype: torch.dtype, max_positions: int) -> None:
+                 dtype: torch.dtype, max_positions: int,
+                 checkpoint: tuple[dict[str, Any], dict[str, torch.Tensor]] | None = None) -> None:
+        """``checkpoint``: the head's (config, tensors) when they do not come from a folder
+        (``mtp``: the target's own, spec/mtp.py); else read from ``config.draft_model``."""
         super().__init__(config)
         from anycore.engine.runner import KVPool  # (the engine package imports the scheduler)
 
-        assert config.draft_model is not None
-        self.head, hf = EagleHead.load(config.algorithm, config.draft_model, target, ops, dtype, max_positions)
+        if checkpoint is None:
+            assert config.draft_model is not None
+            checkpoint = read_checkpoint(config.draft_model)
+        hf, tensors = checkpoint
+        self.head = EagleHead.from_tensors(config.algorithm, hf, tensors, target, ops, dtype, max_positions)
+        del tensors, checkpoint
         tc = target.config
         self.capture_layers: tuple[int, ...] = aux_layers(hf, tc.num_layers) if config.algorithm == "eagle3" else ()
         self.kv = KVPool(1, num_slots, self.head.num_kv_heads, self.head.head_dim, dtype)

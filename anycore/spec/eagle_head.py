@@ -1,7 +1,8 @@
-"""EAGLE draft heads, loaded from their Hugging Face checkpoint layouts.
+"""One-layer draft heads over the target's hidden states: EAGLE heads, loaded from their
+Hugging Face checkpoint layouts, and a model's own multi-token-prediction (MTP) layer.
 
-Both predict the target's next token from the target's own hidden states, one decoder layer
-deep, with a KV pool of their own (the speculator's, anycore/spec/eagle.py):
+Each predicts the target's next token from the target's own hidden states, one decoder layer
+deep, with a KV pool of its own (the speculator's, anycore/spec/eagle.py):
 
 - ``eagle`` (EAGLE-1/2): ``fc`` Linear(2H -> H, bias optional) over [token embedding, feature];
   one Llama decoder layer ``layers.0`` whose input norm is absent (the layer starts from the
@@ -15,6 +16,13 @@ deep, with a KV pool of their own (the speculator's, anycore/spec/eagle.py):
   as its residual; its own ``norm`` and ``lm_head`` over a reduced draft vocabulary, mapped
   back with ``d2t`` (target id = draft id + d2t[draft id]). A drafted position's hidden is the
   layer's previous output as is (``fc`` only maps target features).
+- ``mtp`` (MiMo's MTP layer, ``model.mtp_layers.0`` of the target checkpoint: spec/mtp.py):
+  ``input_proj`` Linear(2H -> H, no bias) over [hidden_layernorm(feature),
+  token_layernorm(embedding)], the embedding zeroed at position 0; a full Qwen2 decoder layer
+  (input norm, q/k/v bias) over that; ``final_layernorm`` over the layer's output, whose logits
+  come from the target's LM head. A feature is the target's final normed hidden state, or for a
+  drafted position the head's own previous output (after ``final_layernorm``): one layer used
+  recursively for every draft token.
 
 The token embedding is the target's unless the checkpoint carries ``embed_tokens.weight``.
 """
@@ -36,7 +44,7 @@ from anycore.layers.linear import Linear
 from anycore.layers.norm import RMSNorm
 from anycore.layers.rotary import RotaryTable
 
-KINDS = ("eagle", "eagle3")
+KINDS = ("eagle", "eagle3", "mtp")
 _SHARDS = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
            "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
 
@@ -76,12 +84,12 @@ class EagleHead(nn.Module):
                  max_positions: int, has_input_norm: bool, fc_bias: bool, own_embedding: bool) -> None:
         super().__init__()
         if kind not in KINDS:
-            raise ValueError(f"unknown EAGLE kind {kind!r}")
+            raise ValueError(f"unknown draft head kind {kind!r}")
         tc = target.config
         self.kind = kind
         h = config["hidden_size"]
         if h != tc.hidden_size:
-            raise ValueError(f"EAGLE head width {h} != the target's {tc.hidden_size}")
+            raise ValueError(f"{kind} head width {h} != the target's {tc.hidden_size}")
         heads = config["num_attention_heads"]
         kv_heads = config.get("num_key_value_heads") or heads
         d = config.get("head_dim") or h // heads
@@ -96,7 +104,12 @@ class EagleHead(nn.Module):
         self.target = (target,)  # (a tuple: the target is not a submodule of the head)
         self.embed_tokens = VocabEmbedding(tc.vocab_size, h, dtype) if own_embedding else None
         feature = 3 * config.get("target_hidden_size", h) if kind == "eagle3" else 2 * h
-        self.fc = linear(feature, h, fc_bias)
+        self.fc = linear(feature, h, fc_bias) if kind != "mtp" else None
+        if kind == "mtp":
+            self.input_proj = linear(2 * h, h)
+            self.token_layernorm = RMSNorm(h, eps, ops, dtype)
+            self.hidden_layernorm = RMSNorm(h, eps, ops, dtype)
+            self.final_layernorm = RMSNorm(h, eps, ops, dtype)
         attn_in = 2 * h if kind == "eagle3" else h
         self.qkv_proj = linear(attn_in, [self.q_size, self.kv_size, self.kv_size], config.get("attention_bias", False))
         self.o_proj = linear(self.q_size, h)
@@ -119,14 +132,22 @@ class EagleHead(nn.Module):
     def load(cls, kind: str, folder: str | Path, target: nn.Module, ops: KernelOps, dtype: torch.dtype,
              max_positions: int) -> tuple[EagleHead, dict[str, Any]]:
         config, tensors = read_checkpoint(folder)
-        layer = "midlayer." if kind == "eagle3" else "layers.0."
+        return cls.from_tensors(kind, config, tensors, target, ops, dtype, max_positions), config
+
+    @classmethod
+    def from_tensors(cls, kind: str, config: dict[str, Any], tensors: dict[str, torch.Tensor], target: nn.Module,
+                     ops: KernelOps, dtype: torch.dtype, max_positions: int) -> EagleHead:
+        """A head from its checkpoint's config and tensors (HF names; ``mtp``: the target's
+        ``model.mtp_layers.0.*``)."""
+        layer = {"eagle3": "midlayer.", "mtp": "mtp_layers.0."}.get(kind, "layers.0.")
         names = {k.removeprefix("model.") for k in tensors}
         if kind == "eagle3" and not any(n.startswith(layer) for n in names):
             layer = "layers.0."  # (some EAGLE-3 exports name the one layer like EAGLE-1)
-        head = cls(kind, config, target, ops, dtype, max_positions, f"{layer}input_layernorm.weight" in names,
-                   "fc.bias" in names, "embed_tokens.weight" in names)
+        input_norm = kind == "mtp" or f"{layer}input_layernorm.weight" in names  # (MTP: a full decoder layer)
+        head = cls(kind, config, target, ops, dtype, max_positions, input_norm, "fc.bias" in names,
+                   "embed_tokens.weight" in names)
         head._load(tensors, layer)
-        return head, config
+        return head
 
     @torch.no_grad()
     def _load(self, tensors: dict[str, torch.Tensor], layer: str) -> None:
@@ -145,7 +166,7 @@ class EagleHead(nn.Module):
                 module_name, shard = _SHARDS[module_name]
             module = getattr(self, module_name, None)
             if not isinstance(module, nn.Module):
-                raise ValueError(f"EAGLE checkpoint tensor {name!r} matches nothing in the {self.kind} head")
+                raise ValueError(f"{self.kind} head checkpoint tensor {name!r} matches nothing in the head")
             if isinstance(module, Linear):
                 module.load(kind, t, shard)
             else:
@@ -163,7 +184,7 @@ class EagleHead(nn.Module):
                 continue
             missing = [w for w in want if w not in seen]
             if missing:
-                raise ValueError(f"EAGLE checkpoint lacks {missing[:3]}")
+                raise ValueError(f"{self.kind} head checkpoint lacks {missing[:3]}")
         if self.kind == "eagle3" and self.d2t is None and self.draft_vocab != self.target[0].config.vocab_size:
             raise ValueError("EAGLE-3 checkpoint with a reduced draft vocabulary has no d2t map")
         for module in self.modules():
@@ -179,7 +200,14 @@ class EagleHead(nn.Module):
         """The layer's output for each row: token ``input_ids[i]`` paired with ``features[i]``
         (target features when ``from_target``, else the head's own previous outputs)."""
         emb = self.embed(input_ids)
-        if self.kind == "eagle":
+        if self.kind == "mtp":
+            # (position 0's token embedding is zeroed, as MiMo's MTP layer is run in vLLM)
+            emb = emb.masked_fill((batch.positions == 0)[:, None], 0.0)
+            hidden = self.input_proj(torch.cat((self.hidden_layernorm(features.to(emb.dtype)),
+                                                self.token_layernorm(emb)), dim=-1))
+            residual = hidden
+            x = self.input_layernorm(hidden)
+        elif self.kind == "eagle":
             hidden = self.fc(torch.cat((emb, features.to(emb.dtype)), dim=-1))
             residual = hidden
             x = hidden if self.input_layernorm is None else self.input_layernorm(hidden)
@@ -193,11 +221,12 @@ class EagleHead(nn.Module):
         k = self.ops.apply_rotary(k.contiguous(), cos, sin, self.head_dim)
         attn = self.o_proj(self.attn(q, k, v.contiguous(), batch))
         x, residual = self.post_attention_layernorm(attn, residual)
-        return self.down_proj(self.ops.silu_and_mul(self.gate_up_proj(x))) + residual
+        out = self.down_proj(self.ops.silu_and_mul(self.gate_up_proj(x))) + residual
+        return self.final_layernorm(out) if self.kind == "mtp" else out
 
     def logits(self, out: torch.Tensor) -> torch.Tensor:
         """Next-token logits of each output row, over the draft vocabulary (``to_target`` maps ids)."""
-        if self.kind == "eagle":
+        if self.kind != "eagle3":
             return self.target[0].compute_logits(out)
         return self.lm_head(self.norm(out)).float()
 

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from anycore.scheduler.request import Request
 from anycore.spec.ngram import propose_ngram
 
-ALGORITHMS = ("ngram", "draft", "eagle", "eagle3")
+ALGORITHMS = ("ngram", "draft", "eagle", "eagle3", "mtp")
+HEAD_ALGORITHMS = ("eagle", "eagle3", "mtp")  # a one-layer head over target features (spec/eagle.py)
 
 _EWMA_WEIGHT = 0.3  # of the newest verify step in a request's acceptance average
 _MAX_BACKOFF = 64  # steps
@@ -36,10 +37,11 @@ class SpeculativeConfig:
     max_batch: int = 4  # running requests above which nobody (but seeded samplers) speculates
     min_acceptance: float = 0.3  # accepted / proposed EWMA below which a request backs off
     # "draft": a checkpoint with the target's vocabulary, or the target's first N layers;
-    # "eagle" / "eagle3": draft_model is the EAGLE head's folder (anycore/spec/eagle_head.py)
+    # "eagle" / "eagle3": draft_model is the EAGLE head's folder (anycore/spec/eagle_head.py);
+    # "mtp": no draft_model, the target checkpoint's own MTP layer is the head
     draft_model: str | None = None
     draft_layers: int | None = None
-    # "eagle" / "eagle3": > 1 drafts a tree, each of num_tokens levels keeping the eagle_topk
+    # "eagle" / "eagle3" / "mtp": > 1 drafts a tree, each of num_tokens levels keeping the eagle_topk
     # likeliest nodes, each node expanded by its eagle_topk likeliest tokens (greedy requests;
     # others get the top-1 chain); 1: a chain
     eagle_topk: int = 1
@@ -58,12 +60,16 @@ class SpeculativeConfig:
         if self.algorithm == "draft" and (self.draft_model is None) == (self.draft_layers is None):
             raise ValueError("speculative_algorithm 'draft' needs exactly one of speculative_model and "
                              "speculative_draft_layers")
-        if self.eagle_topk < 1 or (self.eagle_topk > 1 and not self.algorithm.startswith("eagle")):
-            raise ValueError("speculative_eagle_topk must be >= 1, and > 1 only with an EAGLE algorithm")
+        if self.eagle_topk < 1 or (self.eagle_topk > 1 and self.algorithm not in HEAD_ALGORITHMS):
+            raise ValueError("speculative_eagle_topk must be >= 1, and > 1 only with an EAGLE or MTP algorithm")
         if self.algorithm.startswith("eagle"):  # (an EAGLE head's HF folder)
             if self.draft_model is None or self.draft_layers is not None:
                 raise ValueError(f"speculative_algorithm {self.algorithm!r} needs speculative_model (the head's "
                                  "folder) and no speculative_draft_layers")
+        elif self.algorithm == "mtp":
+            if self.draft_model is not None or self.draft_layers is not None:
+                raise ValueError("speculative_algorithm 'mtp' drafts with the target checkpoint's own MTP layers: "
+                                 "drop speculative_model / speculative_draft_layers")
         elif self.algorithm != "draft" and (self.draft_model is not None or self.draft_layers is not None):
             raise ValueError("speculative_model / speculative_draft_layers need speculative_algorithm 'draft'")
 
