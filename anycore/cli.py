@@ -80,7 +80,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="with --speculative-algorithm draft: draft with the target's first N layers and its head")
     s.add_argument("--speculative-eagle-topk", type=int, default=d("speculative_eagle_topk"),
                    help="with eagle/eagle3/mtp: > 1 drafts a tree (this many branches per node and nodes per level, "
-                        "--num-speculative-tokens levels) for greedy requests (default: %(default)s, a chain)")
+                        "--num-speculative-tokens levels), greedy and sampled requests alike (default: %(default)s, a chain)")
     s.add_argument("--num-speculative-tokens", type=int, default=d("num_speculative_tokens"),
                    help="draft tokens per verify step (default: %(default)s)")
     s.add_argument("--ngram-prompt-lookup-max", type=int, default=d("ngram_prompt_lookup_max"),

@@ -283,8 +283,8 @@ class EngineConfig:
     # the row-parallel all-reduce: "shm" (one host's shared memory, anycore/distributed/shm.py),
     # "gloo", or "auto" (shm when every rank is on one host and the op is available)
     dist_all_reduce: str = "auto"
-    # eagle / eagle3 / mtp: > 1 drafts a tree (top-k branching, num_speculative_tokens levels deep) for
-    # greedy requests, verified with tree attention; 1: a chain
+    # eagle / eagle3 / mtp: > 1 drafts a tree (top-k branching, num_speculative_tokens levels deep),
+    # verified with tree attention (greedy, or tree rejection sampling when sampled); 1: a chain
     speculative_eagle_topk: int = 1
 
     def speculative_config(self):  # -> anycore.spec.policy.SpeculativeConfig | None

@@ -1,5 +1,5 @@
 """The runner's half of a speculative verify step: logits at every verified position, then the
-lossless acceptance rule per request (anycore/spec/verify.py).
+lossless acceptance rule per request (anycore/spec/verify.py; trees: anycore/spec/tree.py).
 
 A verify row's distribution is processed as the sampler would process a one-token step of that
 request (logit bias, temperature, top-k/top-p/min-p): only requests whose processing does not
@@ -15,7 +15,7 @@ import torch
 
 from anycore.engine.prompt_logprobs import VerifySpan
 from anycore.engine.sampler import SamplingBatch, _filter, apply_penalties, argmax_rows
-from anycore.spec.tree import verify_tree_greedy
+from anycore.spec.tree import verify_tree_greedy, verify_tree_sampled
 from anycore.spec.verify import verify_greedy, verify_sampled
 
 
@@ -31,12 +31,15 @@ def verify_drafts(spans: list[VerifySpan], hidden: torch.Tensor,
         block = logits[at : at + v.count]
         at += v.count
         draft = v.scheduled.draft_tokens
-        if v.scheduled.draft_parents is not None:  # a tree: greedy requests only (the speculator's rule)
-            assert req.params.temperature == 0.0, "tree drafts are verified greedily"
+        if v.scheduled.draft_parents is not None:  # a tree: its accepted path goes back to the scheduler
             batch = SamplingBatch.from_requests([req] * v.count)
-            tokens, v.scheduled.tree_path = verify_tree_greedy(argmax_rows(apply_penalties(block, batch)).tolist(),
-                                                               draft)  # type: ignore[arg-type]
-            out[req.request_id] = tokens
+            block = apply_penalties(block, batch)
+            if req.params.temperature == 0.0:
+                tokens, path = verify_tree_greedy(argmax_rows(block).tolist(), draft)  # type: ignore[arg-type]
+            else:
+                probs = _filter(block / req.params.temperature, batch).softmax(dim=-1)
+                tokens, path = verify_tree_sampled(probs, draft, req.generator)  # type: ignore[arg-type]
+            out[req.request_id], v.scheduled.tree_path = tokens, path
             continue
         if req.plain_greedy:
             out[req.request_id] = verify_greedy(argmax_rows(block).tolist(), draft)

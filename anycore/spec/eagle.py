@@ -16,7 +16,9 @@ Position i's feature pairs with token i + 1: the head's KV at position i is comp
 Proposing (chain drafts): absorb the pending features in one extend of the head (its last row
 predicts draft token 1 when it is the newest position), then k - 1 one-row steps, each fed the
 previous draft token and the head's own previous output; those steps' KV slots are given back
-at once. Drafts are the head's argmax (a point mass), so verification is lossless.
+at once. Drafts are the head's argmax (a point mass), so verification is lossless. With
+``eagle_topk`` > 1 every request (greedy or sampled) gets a top-k tree instead (``_draft_tree``),
+its children also fixed tokens: spec/tree.py verifies it greedily or by tree rejection sampling.
 
 A request whose positions were never computed by the target (a prefix-cache hit) has no
 features there: the head attends over the positions it has, at their true RoPE positions.
@@ -108,7 +110,7 @@ class EagleSpeculator(Speculator):
             return []  # (the newest position's feature is missing)
         depth = min(self.config.num_tokens, limit)
         with torch.inference_mode():
-            if self.config.eagle_topk > 1 and req.params.temperature == 0.0:
+            if self.config.eagle_topk > 1:  # (greedy and sampled requests: both verify trees losslessly)
                 return self._draft_tree(st, depth, self.config.eagle_topk)
             return self._draft(req, st, depth)
 

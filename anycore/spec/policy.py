@@ -42,8 +42,8 @@ class SpeculativeConfig:
     draft_model: str | None = None
     draft_layers: int | None = None
     # "eagle" / "eagle3" / "mtp": > 1 drafts a tree, each of num_tokens levels keeping the eagle_topk
-    # likeliest nodes, each node expanded by its eagle_topk likeliest tokens (greedy requests;
-    # others get the top-1 chain); 1: a chain
+    # likeliest nodes, each node expanded by its eagle_topk likeliest tokens (verified greedily
+    # or, for sampled requests, by tree rejection sampling); 1: a chain
     eagle_topk: int = 1
 
     def __post_init__(self) -> None:

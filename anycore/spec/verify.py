@@ -50,13 +50,13 @@ def verify_sampled(probs: torch.Tensor, draft: list[int], generator: torch.Gener
             residual[d] = 0.0
         else:
             residual = (p - draft_probs[i]).clamp_(min=0.0)
-        out.append(_draw(residual, generator))
+        out.append(draw_weighted(residual, generator))
         return out
-    out.append(_draw(probs[len(draft)], generator))
+    out.append(draw_weighted(probs[len(draft)], generator))
     return out
 
 
-def _draw(weights: torch.Tensor, generator: torch.Generator | None) -> int:
+def draw_weighted(weights: torch.Tensor, generator: torch.Generator | None) -> int:
     """One index drawn with probability proportional to ``weights`` (>= 0, not all 0)."""
     total = float(weights.sum())
     if not total > 0.0:  # (p was a point mass on the rejected token: cannot happen with u < 1)

@@ -1,13 +1,17 @@
 """EAGLE and EAGLE-3 heads on random-weight checkpoints written here: the drafts equal a plain
 whole-sequence reference of the head over transformers' hidden states (so the layouts, the
 feature pairing and the head's KV are right), and greedy output is identical with and without
-speculation, alone and batched, with no KV slot of either pool leaked."""
+speculation, alone and batched, with no KV slot of either pool leaked. Top-k trees: greedy
+output identical; sampled requests verify trees by rejection sampling, seeded output the same
+run to run, and a sampler that can only pick the argmax (tiny temperature, top_k=1) gives the
+greedy output."""
 
 from __future__ import annotations
 
 import pytest
 
 from anycore import LLM, SamplingParams
+from anycore.spec.tree import DraftTree
 from tests.models.eagle_checkpoints import reference_drafts, write_eagle, write_target
 from tests.models.test_speculative import PROMPTS, assert_no_slot_leaked
 
@@ -100,10 +104,7 @@ def test_tree_drafts_keep_greedy_output_identical(setup):
     attention; the rejected branches' slots are freed, the accepted path's features feed the head."""
     kind, _, _, base, spec = setup
     topk = 2 if kind == "eagle" else 3
-    folder = spec.engine.config.speculative_model
-    tree = LLM(model=spec.engine.config.model, dtype="float32", kv_cache_gb=0.01, speculative_algorithm=kind,
-               speculative_model=folder, num_speculative_tokens=3, speculative_eagle_topk=topk,
-               speculative_min_acceptance=0.0)
+    tree = _tree_llm(spec, kind, topk)
     expected = [o.token_ids for o in base.generate(PROMPTS, TREE)]
     for prompt, want in zip(PROMPTS[:2], expected):  # alone
         assert tree.generate([prompt], TREE)[0].token_ids == want
@@ -112,3 +113,55 @@ def test_tree_drafts_keep_greedy_output_identical(setup):
     assert stats.spec_verify_steps > 0
     assert_no_slot_leaked(tree)
     assert tree.engine.speculator.num_slots_held == 0
+
+
+def _tree_llm(spec: LLM, kind: str, topk: int) -> LLM:
+    return LLM(model=spec.engine.config.model, dtype="float32", kv_cache_gb=0.01, speculative_algorithm=kind,
+               speculative_model=spec.engine.config.speculative_model, num_speculative_tokens=3,
+               speculative_eagle_topk=topk, speculative_min_acceptance=0.0)
+
+
+def test_sampled_requests_verify_tree_drafts(setup):
+    """Sampled requests get top-k trees (tree rejection sampling): seeded output identical
+    between two engines in the same state, batched with greedy and unseeded requests; the
+    argmax-only samplers (temperature 1e-4, top_k=1) give the greedy output, prefix-cache hits
+    included; no KV slot of either pool leaked.
+
+    (Same state: after a prefix-cache hit the head has no features for the cached positions, so
+    its drafts, and with them a seeded request's random draws, may differ from a cold run's:
+    seeded output is reproducible given the same drafts. A random head's drafts are seldom
+    accepted at all; every accepted path length of a sampled tree verify is reached with oracle
+    trees in tests/models/test_spec_tree.py.)"""
+    kind, _, _, base, spec = setup
+    trees = [_tree_llm(spec, kind, 2) for _ in range(2)]
+    speculator = trees[0].engine.speculator
+    sampled_trees = []
+    original = speculator.propose
+
+    def spy(req, limit, batch_size):
+        draft = original(req, limit, batch_size)
+        if req.params.temperature > 0 and isinstance(draft, DraftTree):
+            sampled_trees.append(len(draft) > draft.max_depth)  # (branched, not a chain)
+        return draft
+
+    speculator.propose = spy
+    try:
+        mixed = [SamplingParams(temperature=0.9, top_p=0.95, seed=3, max_tokens=16, ignore_eos=True), TREE,
+                 SamplingParams(temperature=0.7, top_k=20, seed=4, max_tokens=16, ignore_eos=True),
+                 SamplingParams(temperature=1.0, max_tokens=16, ignore_eos=True)]
+        runs = [[o.token_ids for o in t.generate(PROMPTS, mixed)] for t in trees]
+        assert runs[0][:3] == runs[1][:3]  # the seeded two and the greedy one
+        assert runs[0][1] == base.generate([PROMPTS[1]], TREE)[0].token_ids
+        assert len(runs[0][3]) == 16
+        greedy = [o.token_ids for o in base.generate(PROMPTS, TREE)]
+        argmax_only = [SamplingParams(temperature=1e-4, seed=1, max_tokens=16, ignore_eos=True),
+                       SamplingParams(temperature=1.0, top_k=1, max_tokens=16, ignore_eos=True)]
+        for params in argmax_only:  # (the prompts hit the prefix cache now)
+            assert [o.token_ids for o in trees[0].generate(PROMPTS, params)] == greedy
+    finally:
+        del speculator.propose
+    assert len(sampled_trees) >= 10 and any(sampled_trees)
+    for t in trees:
+        assert t.engine.stats().spec_verify_steps > 0
+        assert_no_slot_leaked(t)
+        assert t.engine.speculator.num_slots_held == 0

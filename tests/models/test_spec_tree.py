@@ -88,3 +88,26 @@ def test_a_sampling_request_beside_tree_verifies(models):
     assert [o.token_ids for o in outs[:2]] == expected[:2]
     assert outs[2].token_ids == want  # (no draft for it: sampled as usual, same seed, same tokens)
     assert_no_slot_leaked(spec)
+
+
+def test_sampled_tree_verifies_take_every_acceptance_length(models):
+    """Tree rejection sampling end to end: a sampler that can only pick the argmax (top_k=1)
+    accepts the oracle's right branch wherever it sits, so every acceptance length occurs and the
+    output is the greedy one; at temperature 0.8 a seeded request given the same trees gives the
+    same tokens, and no KV slot is leaked."""
+    base, spec = models
+    expected = [o.token_ids for o in base.generate(PROMPTS, GREEDY)]
+    reference = {tuple(p): e for p, e in zip(PROMPTS, expected)}
+    oracle = OracleTrees(reference)
+    spec.engine.scheduler.speculator = oracle
+    argmax_only = SamplingParams(temperature=0.5, top_k=1, seed=2, max_tokens=24, ignore_eos=True)
+    assert [o.token_ids for o in spec.generate(PROMPTS, argmax_only)] == expected
+    assert set(oracle.accepted) == {0, 1, 2, 3}
+    sampled = SamplingParams(temperature=0.8, seed=3, max_tokens=24, ignore_eos=True)
+    runs = []
+    for _ in range(2):  # (a fresh oracle each time: the same trees for the same tokens)
+        spec.engine.scheduler.speculator = oracle = OracleTrees(reference)
+        runs.append(spec.generate([PROMPTS[0]], sampled)[0].token_ids)
+        assert oracle.calls > 0
+    assert runs[0] == runs[1] and len(runs[0]) == 24
+    assert_no_slot_leaked(spec)
