@@ -1,4 +1,4 @@
-"""`anycore bench <latency|throughput|serving|compare|moe>`: the flags of each benchmark and the
+"""`anycore bench <latency|throughput|serving|compare|moe|speculative|tp>`: the flags of each benchmark and the
 hand-off to its module. Every benchmark checks its flags before it loads or measures anything;
 a bad one ends the command with one line on stderr and exit status 2."""
 
@@ -36,8 +36,12 @@ def add_bench_args(parser: argparse.ArgumentParser, add_engine_args: Callable[[a
     from anycore.bench.moe import add_moe_args
 
     add_moe_args(sub.add_parser("moe", help="a random ~1B Mixture-of-Experts model: anycore vs transformers"))
+    from anycore.bench.speculative import add_speculative_args
     from anycore.bench.tensor_parallel import add_tp_args
 
+    spec = sub.add_parser("speculative", help="batch-1 decode with and without speculative decoding (vs llama-server)")
+    add_engine_args(spec)
+    add_speculative_args(spec)
     tp = sub.add_parser("tp", help="tensor parallel: all-reduce latency, TP=N vs TP=1 decode tok/s")
     add_engine_args(tp)
     add_tp_args(tp)
@@ -70,6 +74,11 @@ def _dispatch(args: argparse.Namespace, config: EngineConfig | None) -> int:
         from anycore.bench.moe import run_moe_bench
 
         return run_moe_bench(args)
+    if args.bench == "speculative":
+        from anycore.bench.speculative import run_speculative
+
+        assert config is not None
+        return run_speculative(args, config)
     if args.bench == "tp":
         from anycore.bench.tensor_parallel import run_tp
 
