@@ -135,7 +135,11 @@ OP_SPECS: tuple[OpSpec, ...] = (
     OpSpec("paged_attention_window", reference.paged_attention_window, torch_native.paged_attention_window,
            doc="paged_attention_window(q, k_cache, v_cache, q_start_loc, seq_lens, slot_table, scale, window, "
                "softcap): sliding-window (window > 0) and/or soft-capped (softcap > 0) paged attention"),
-    # speculative tree verification (anycore/spec/tree.py): paged_attention's kernel with a mask
+    # speculative tree verification (anycore/spec/tree.py): paged_attention's kernel with a mask.
+    # Measured on x86 (avx512_bf16), SmolLM2 shapes (9 q / 3 kv heads, dim 64, bf16 KV), one
+    # request, 500 cached keys, random trees of 10/16/20 rows, min of 300 calls: 1 thread native
+    # 102/156/190 us vs torch-native (SDPA) 472/578/677 us; 2 threads 71/104/121 vs 304/367/533 us.
+    # The mask costs ~2% over the causal kernel on the same shape (154 vs 150 us).
     OpSpec("tree_attention", tree_attention_reference, tree_attention_torch, "attention", _tree_native_when,
            doc="tree_attention(q, k_cache, v_cache, q_start_loc, seq_lens, slot_table, mask [T, max new] bool, "
                "scale): paged attention whose new tokens see each other only where mask says "
