@@ -6,6 +6,13 @@
 // One work item = (request, kv head, block of queries); its rows are (query, head in group)
 // pairs sharing the same K/V. Keys are visited in blocks of kKeyBlock with an online softmax
 // (running max m, running sum l, unnormalised accumulator acc), so scratch is bounded.
+//
+// Visibility: row r sees keys up to pos[r], its last visible key (the query's own position in a
+// causal extend). With AttnArgs::mask (tree_attention) pos[r] is the last new key the mask
+// shows it, and keys of the new ones inside [0, pos[r]] that it hides get score -inf and
+// probability exactly 0 (the clamped exp alone would leave ~1e-38). Without a mask every step
+// is the causal kernel's, operation for operation: paged_attention's results stay bit-identical
+// (the decode team and the native stack compare against them).
 #pragma once
 #include <algorithm>
 #include <cmath>
@@ -76,7 +83,7 @@ void pair_block_scores(const AttnArgs& a, const bf16* const* kp, const bf16* con
   const V vscale = V::set1(a.scale);
   for (int64_t r = 0; r < rows; r += 2) {
     const int64_t r1 = r + 1 < rows ? r + 1 : r;
-    if (pos[r1] < kb) continue;  // pos is non-decreasing in r: both rows see nothing here
+    if (std::max(pos[r], pos[r1]) < kb) continue;  // both rows see nothing here
     const bf16* qa = qrow[r];
     const bf16* qb = qrow[r1];
     V a0 = V::zero(), a1 = V::zero(), b0 = V::zero(), b1 = V::zero();
@@ -105,7 +112,7 @@ void pair_block_pv(int64_t bn, int64_t rows, int64_t kb, const int64_t* pos, con
   alignas(64) bf16 pa[kKeyBlock], pb[kKeyBlock];
   for (int64_t r = 0; r < rows; r += 2) {
     const int64_t r1 = r + 1 < rows ? r + 1 : r;
-    if (pos[r1] < kb) continue;
+    if (std::max(pos[r], pos[r1]) < kb) continue;
     for (int64_t b = 0; b < kKeyBlock; b += V::W) {
       V::load(sc + r * kKeyBlock + b).store(pa + b);
       V::load(sc + r1 * kKeyBlock + b).store(pb + b);
@@ -142,7 +149,8 @@ void attn_item(const AttnArgs& a, const int64_t* item, int64_t split, float* scr
   const int64_t dpad = (D + V::W - 1) / V::W * V::W;
   const int64_t seq_len = a.seq_lens[req];
   const int64_t qbase = a.q_start[req];
-  const int64_t first_pos = seq_len - (a.q_start[req + 1] - qbase);
+  const int64_t n_new = a.q_start[req + 1] - qbase;
+  const int64_t first_pos = seq_len - n_new;  // the first new key
   const int64_t* slots = a.slots + req * a.slots_stride;
   const T* q = static_cast<const T*>(a.q);
   const T* kc = static_cast<const T*>(a.k);
@@ -178,8 +186,19 @@ void attn_item(const AttnArgs& a, const int64_t* item, int64_t split, float* scr
     m[r] = -INFINITY;
     l[r] = 0.0f;
     pos[r] = first_pos + qi;
+    if (a.mask) {  // the last new key the mask shows this query (first_pos - 1: none)
+      const uint8_t* mr = a.mask + (qbase + qi) * a.mask_stride;
+      int64_t j = n_new - 1;
+      while (j >= 0 && !mr[j]) --j;
+      pos[r] = first_pos + j;
+    }
   }
+  // keys [0, kv_end): through the last key any row sees (first_pos + q1 causal)
   int64_t kv_begin = 0, kv_end = first_pos + q1;
+  if (a.mask) {
+    kv_end = 0;
+    for (int64_t r = 0; r < rows; ++r) kv_end = std::max(kv_end, pos[r] + 1);
+  }
   if (a.num_splits > 1) {  // this unit's share of the keys, in whole key blocks
     const int64_t blocks = (kv_end + kKeyBlock - 1) / kKeyBlock;
     const int64_t per = (blocks + a.num_splits - 1) / a.num_splits;
@@ -208,7 +227,7 @@ void attn_item(const AttnArgs& a, const int64_t* item, int64_t split, float* scr
       const V vscale = V::set1(a.scale);
       for (int64_t r = 0; r < rows; r += 2) {
         const int64_t r1 = r + 1 < rows ? r + 1 : r;
-        if (pos[r1] < kb) continue;  // pos is non-decreasing in r: both rows see nothing here
+        if (std::max(pos[r], pos[r1]) < kb) continue;  // both rows see nothing here
         const float* qa = qf + r * dpad;
         const float* qb = qf + r1 * dpad;
         V a0 = V::zero(), a1 = V::zero(), b0 = V::zero(), b1 = V::zero();
@@ -228,12 +247,25 @@ void attn_item(const AttnArgs& a, const int64_t* item, int64_t split, float* scr
     }
     for (int64_t r = 0; r < rows; ++r) {
       float* p = sc + r * kKeyBlock;
-      int64_t visible = pos[r] - kb + 1;  // causal: keys kb..pos[r]
+      int64_t visible = pos[r] - kb + 1;  // keys kb..pos[r]
       if (visible > bn) visible = bn;
       alpha[r] = 1.0f;
       if (visible <= 0) {
         if (blocked) std::fill(p, p + kKeyBlock, 0.0f);
         continue;
+      }
+      // masked: which of keys kb .. kb + visible - 1 row r sees (only new keys can be hidden)
+      bool hides = false;
+      bool see[kKeyBlock];
+      if (a.mask && kb + visible > first_pos) {
+        const uint8_t* mr = a.mask + (qbase + q0 + r / group) * a.mask_stride;
+        for (int64_t b = 0; b < visible; ++b) {
+          see[b] = kb + b < first_pos || mr[kb + b - first_pos];
+          hides |= !see[b];
+        }
+        if (hides && blocked) {
+          for (int64_t b = 0; b < visible; ++b) p[b] = see[b] ? p[b] : -INFINITY;
+        }
       }
       float mb = -INFINITY;
       int64_t b0 = 0;
@@ -245,8 +277,12 @@ void attn_item(const AttnArgs& a, const int64_t* item, int64_t split, float* scr
         }
       }
       for (int64_t b = b0; b < visible; ++b) {
-        if (!blocked) p[b] = dot_qk<V, T>(qf + r * dpad, qrow[r], kp[b], D) * a.scale;
+        if (!blocked) p[b] = hides && !see[b] ? -INFINITY : dot_qk<V, T>(qf + r * dpad, qrow[r], kp[b], D) * a.scale;
         mb = p[b] > mb ? p[b] : mb;
+      }
+      if (hides && mb == -INFINITY) {  // the mask hides every key of this block from row r
+        if (blocked) std::fill(p, p + kKeyBlock, 0.0f);
+        continue;
       }
       const float m_new = mb > m[r] ? mb : m[r];
       alpha[r] = std::exp(m[r] - m_new);
@@ -256,7 +292,12 @@ void attn_item(const AttnArgs& a, const int64_t* item, int64_t split, float* scr
         int64_t n = visible - b;
         V e = (load_any<V>(p + b, n) - vm).exp();
         store_any(e, p + b, n);
-        if (n < V::W) e = V::template load_n<float>(p + b, static_cast<int>(n));  // zero the tail
+        if (hides) {  // hidden keys: probability 0, then the sum of what is left
+          for (int64_t i = b; i < b + std::min<int64_t>(n, V::W); ++i) p[i] = see[i] ? p[i] : 0.0f;
+          e = load_any<V>(p + b, n);
+        } else if (n < V::W) {
+          e = V::template load_n<float>(p + b, static_cast<int>(n));  // zero the tail
+        }
         psum = psum + e;
       }
       if (blocked) std::fill(p + visible, p + kKeyBlock, 0.0f);
@@ -278,7 +319,7 @@ void attn_item(const AttnArgs& a, const int64_t* item, int64_t split, float* scr
       // masked keys have p == 0 and masked rows alpha == 1, so every row runs the same loop.
       for (int64_t r = 0; r < rows; r += 2) {
         const int64_t r1 = r + 1 < rows ? r + 1 : r;
-        if (pos[r1] < kb) continue;
+        if (std::max(pos[r], pos[r1]) < kb) continue;
         const float* pa = sc + r * kKeyBlock;
         const float* pb = sc + r1 * kKeyBlock;
         for (int64_t d = 0; d < dpad; d += V::W) {

@@ -30,6 +30,12 @@ struct AttnArgs {
   int64_t num_splits;
   int64_t rows_per_item;  // max rows of an item (GQA group * queries per item)
   float* partial;
+  // Optional visibility of the new keys (tree_attention): null = causal (paged_attention). Else
+  // [tokens, mask_stride] bytes, row t = query row t: a query sees every key before its
+  // request's n new ones, and new key j (0-based among them, j < n <= mask_stride) iff
+  // mask[t * mask_stride + j] != 0. A lower-triangular mask is the causal extend.
+  const uint8_t* mask;
+  int64_t mask_stride;
 };
 
 using RmsNormFn = void (*)(void* out, const void* x, int64_t x_stride, const void* w, int64_t rows,
@@ -261,8 +267,11 @@ struct GgufKernels {
   X(add_rms_norm, AddRmsNormFn, add_rms_norm_kernel) \
   X(apply_rotary, RotaryFn, rotary_kernel)           \
   X(silu_and_mul, SiluMulFn, silu_and_mul_kernel)
+// tree_attention is paged_attention's kernel with AttnArgs::mask set: one kernel, listed under
+// both op names so a variant's table says it fills each op.
 #define ANYCORE_ATTENTION_KERNELS(X)                     \
   X(paged_attention, AttnFn, paged_attention_kernel)     \
+  X(tree_attention, AttnFn, paged_attention_kernel)      \
   X(attention_units, AttnUnitsFn, attention_units_kernel) \
   X(attention_merge, AttnMergeFn, attention_merge_kernel)
 #define ANYCORE_GEMV_KERNELS(X) X(linear, LinearFn, linear_kernel)

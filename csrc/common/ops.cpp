@@ -121,10 +121,14 @@ at::Tensor silu_and_mul(const at::Tensor& x_in, int64_t impl) {
   return out.view(shape);
 }
 
-at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                           const at::Tensor& q_start_loc, const at::Tensor& seq_lens,
-                           const at::Tensor& slot_table, double scale, int64_t impl, int64_t splits) {
-  const int dt = dtype_index(q);
+namespace {
+
+// paged_attention and tree_attention: the checks, the work plan and the call; `mask` is null
+// for the causal op, else tree_attention's [tokens, >= max new tokens] bool mask.
+at::Tensor run_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                         const at::Tensor& q_start_loc, const at::Tensor& seq_lens,
+                         const at::Tensor& slot_table, const at::Tensor* mask, double scale, AttnFn fn,
+                         int64_t splits) {
   TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3, "q, k_cache, v_cache must be 3-D");
   TORCH_CHECK(k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type(),
               "q, k_cache, v_cache must share a dtype");
@@ -142,6 +146,16 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k, const at::T
   const int64_t* st = starts.data_ptr<int64_t>();
   const int64_t* ln = lens.data_ptr<int64_t>();
   AttentionPlan plan = plan_attention(st, ln, batch, H, KV, table2.size(1), T, splits, at::get_num_threads());
+  at::Tensor mask_bytes;
+  if (mask != nullptr) {
+    TORCH_CHECK(mask->scalar_type() == at::kBool && mask->dim() == 2 && mask->size(0) == T,
+                "mask must be bool [num_tokens, max new tokens]");
+    // the kernel reads row t's first n bytes, n = its request's new tokens
+    for (int64_t b = 0; b < batch; ++b)
+      TORCH_CHECK(st[b + 1] - st[b] <= mask->size(1), "mask has ", mask->size(1), " columns, request ", b,
+                  " has ", st[b + 1] - st[b], " new tokens");
+    mask_bytes = mask->contiguous();
+  }
   splits = plan.num_splits;
   const int64_t num_items = plan.num_items, rows_per_item = plan.rows_per_item;
   at::Tensor partial;
@@ -166,8 +180,31 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k, const at::T
   a.num_items = num_items;
   a.num_heads = H, a.num_kv_heads = KV, a.head_dim = D;
   a.scale = static_cast<float>(scale);
-  ANYCORE_PICK(paged_attention, impl, dt)(a);
+  if (mask != nullptr) {
+    a.mask = reinterpret_cast<const uint8_t*>(mask_bytes.data_ptr<bool>());  // bool: one byte, 0 or 1
+    a.mask_stride = mask_bytes.size(1);
+  }
+  fn(a);
   return out;
+}
+
+}  // namespace
+
+at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                           const at::Tensor& q_start_loc, const at::Tensor& seq_lens,
+                           const at::Tensor& slot_table, double scale, int64_t impl, int64_t splits) {
+  const int dt = dtype_index(q);
+  return run_attention(q, k, v, q_start_loc, seq_lens, slot_table, nullptr, scale,
+                       ANYCORE_PICK(paged_attention, impl, dt), splits);
+}
+
+// paged_attention whose new keys each query sees through `mask` (anycore/kernels/tree_attention.py).
+at::Tensor tree_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                          const at::Tensor& q_start_loc, const at::Tensor& seq_lens, const at::Tensor& slot_table,
+                          const at::Tensor& mask, double scale, int64_t impl, int64_t splits) {
+  const int dt = dtype_index(q);
+  return run_attention(q, k, v, q_start_loc, seq_lens, slot_table, &mask, scale,
+                       ANYCORE_PICK(tree_attention, impl, dt), splits);
 }
 
 at::Tensor linear(const at::Tensor& x_in, const at::Tensor& w, const std::optional<at::Tensor>& bias,
@@ -418,6 +455,9 @@ TORCH_LIBRARY(anycore, m) {
   m.def("paged_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor q_start_loc, Tensor seq_lens, "
         "Tensor slot_table, float scale, int impl, int splits=0) -> Tensor",
         &paged_attention);
+  m.def("tree_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor q_start_loc, Tensor seq_lens, "
+        "Tensor slot_table, Tensor mask, float scale, int impl, int splits=0) -> Tensor",
+        &tree_attention);
   m.def("int8_pack(Tensor qweight, int impl) -> Tensor", &int8_pack);
   m.def("int8_unpack(Tensor packed, int n, int k, int impl, Tensor? rows=None) -> Tensor", &int8_unpack);
   m.def("w8a8_linear(Tensor x, Tensor packed, Tensor w_scale, Tensor? bias, int impl) -> Tensor", &w8a8_linear);

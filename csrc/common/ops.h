@@ -33,6 +33,9 @@ at::Tensor silu_and_mul(const at::Tensor& x, int64_t impl);
 at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                            const at::Tensor& q_start_loc, const at::Tensor& seq_lens, const at::Tensor& slot_table,
                            double scale, int64_t impl, int64_t splits);
+at::Tensor tree_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                          const at::Tensor& q_start_loc, const at::Tensor& seq_lens, const at::Tensor& slot_table,
+                          const at::Tensor& mask, double scale, int64_t impl, int64_t splits);
 at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& bias, int64_t impl);
 at::Tensor w8a8_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& w_scale,
                        const std::optional<at::Tensor>& bias, int64_t impl);

@@ -33,6 +33,8 @@ def _expect(op_impl: str, **per_op: str) -> dict[str, str]:
     out.update(per_op)
     # fused_moe_w8a8 runs on the int8 kernels: wherever w8a8_linear does (the same skip rule)
     out["fused_moe_w8a8"] = out["w8a8_linear"]
+    # tree_attention is paged_attention's kernel with a mask: it runs wherever paged_attention does
+    out["tree_attention"] = out["paged_attention"]
     return out
 
 
