@@ -169,8 +169,7 @@ void attn_item(const AttnArgs& a, const int64_t* item, int64_t split, float* scr
   // kDecodeShapedQueries new tokens (a speculative verify, a tree) takes the path a one-token
   // decode of the same model takes (its rows: one GQA group), so each verified row is bit for
   // bit the row plain decoding would have computed and greedy speculation stays lossless in bf16.
-  const int64_t new_tokens = a.q_start[req + 1] - qbase;
-  const bool blocked = new_tokens <= kDecodeShapedQueries ? group >= 8 : rows >= 8;
+  const bool blocked = n_new <= kDecodeShapedQueries ? group >= 8 : rows >= 8;
   bool pairs = false;  // the blocked path on bf16 pairs (kPairDot)
   if constexpr (kPairDot<V> && kIsBf16<T>) pairs = blocked && D % 2 == 0;
   uint32_t* kt2 = reinterpret_cast<uint32_t*>(kt);  // pairs: [D / 2, kKeyBlock] K pairs per key
