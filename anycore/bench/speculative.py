@@ -156,7 +156,8 @@ def run_method(config: EngineConfig, method: str, workloads: list[str], output_l
              "num_speculative_tokens": config.num_speculative_tokens}
     base = SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True)
     modes = {"plain": replace(base, speculative=False), "spec": base}
-    decode_once(engine, prompts[next(iter(prompts))], replace(base, max_tokens=8))  # warm-up
+    for params in modes.values():  # warm-up, full length (kernels, KV pages, the thread governor)
+        decode_once(engine, prompts[next(iter(prompts))], params)
     cells = {w: Cell() for w in prompts}
     for r in range(repeats):
         for w, ids in prompts.items():
