@@ -64,12 +64,9 @@ _LIST = (
 )
 
 SPEC_WORKLOADS: dict[str, str] = {
-    "edit": "Rename the function merge_intervals to combine_ranges everywhere in this code and "
-            "return the complete updated code, with nothing else changed:\n\n" + _CODE,
-    "quote": "Here is a passage:\n\n" + _TEXT + "\n\nQuote the passage word for word, then say in one "
-             "sentence what it is about.",
-    "list": "Here is a maintenance schedule:\n\n" + _LIST + "\nContinue the schedule in exactly the same "
-            "format for the next five days, starting with 6. Saturday.",
+    "edit": "```python\n" + _CODE + "```\n\nAdd type hints to these functions. Output the full code.",
+    "quote": "Repeat the following passage exactly, word for word:\n\n" + _TEXT,
+    "list": "Continue this list in the same format up to 10:\n\n" + _LIST,
     "chat": "What are some good ways to stay focused while studying for an exam?",
 }
 # the workloads where the answer is grounded in the prompt (the issue's >= 1.5x goal); chat is the
