@@ -84,9 +84,9 @@ def check_speculative(args: argparse.Namespace, config: EngineConfig) -> SpecInp
     methods = checks.names(args.methods, METHODS, "--methods")
     workloads = checks.names(args.workloads, tuple(SPEC_WORKLOADS), "--workloads")
     peers = checks.names(args.peers, PEERS, "--peers", allow_none=True, required=False)
-    for flag in ("output_len", "repeats", "cost_steps"):
-        checks.at_least(getattr(args, flag), 1, "--" + flag.replace("_", "-"))
     checks.at_least(args.output_len, 2, "--output-len")  # (decode speed is timed after the first token)
+    checks.at_least(args.repeats, 1, "--repeats")
+    checks.at_least(args.cost_steps, 1, "--cost-steps")
     checks.threads(config.threads)
     if "draft" in methods and not (config.speculative_model or config.speculative_draft_layers):
         raise BenchArgumentError("--methods draft needs --speculative-model or --speculative-draft-layers")

@@ -12,14 +12,17 @@ import torch
 H, HEADS, KV_HEADS, FFN, VOCAB, DRAFT_VOCAB = 64, 4, 2, 128, 256, 96
 
 
-def write_target(folder, tokenizer, num_layers: int):
-    from transformers import AutoModelForCausalLM, LlamaConfig
+def write_target(folder, tokenizer, num_layers: int, config_class: str = "LlamaConfig", **config):
+    """A random target with the heads' shapes (Llama, or ``config_class`` with extra ``config``
+    fields, e.g. Qwen2 for MiMo's MTP layers), saved by transformers; returns the model."""
+    import transformers
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=H, intermediate_size=FFN, num_hidden_layers=num_layers,
-                      num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, max_position_embeddings=512,
-                      bos_token_id=1, eos_token_id=2, tie_word_embeddings=False)
-    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    cfg = getattr(transformers, config_class)(
+        vocab_size=VOCAB, hidden_size=H, intermediate_size=FFN, num_hidden_layers=num_layers,
+        num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, max_position_embeddings=512,
+        bos_token_id=1, eos_token_id=2, tie_word_embeddings=False, **config)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(0, 0.2)
@@ -145,3 +148,19 @@ def reference_drafts(kind: str, t: dict, target, tokens: list[int], k: int, laye
         ids.append(nxt)
         hidden.append(o[-1])  # (EAGLE-1 feeds it through fc with the token; EAGLE-3 as the hidden)
     return drafts
+
+
+def assert_chunked_prefill_and_prefix_hits_identical(base, spec, prompts, params) -> None:
+    """A head speculator's greedy output equals the plain one with 8-token prefill chunks
+    (features arrive chunk by chunk) and with prefix-cache hits (positions without features)."""
+    sched = spec.engine.scheduler
+    expected = [o.token_ids for o in base.generate(prompts, params)]
+    budget = sched.max_num_batched_tokens
+    sched.max_num_batched_tokens = 8
+    try:
+        assert [o.token_ids for o in spec.generate(prompts, params)] == expected
+        shared = [prompts[2] + [7, 8, 9], prompts[2] + [3]]  # (prompts[2] is in the prefix cache)
+        assert [o.token_ids for o in spec.generate(shared, params)] == \
+            [o.token_ids for o in base.generate(shared, params)]
+    finally:
+        sched.max_num_batched_tokens = budget

@@ -12,7 +12,12 @@ import pytest
 
 from anycore import LLM, SamplingParams
 from anycore.spec.tree import DraftTree
-from tests.models.eagle_checkpoints import reference_drafts, write_eagle, write_target
+from tests.models.eagle_checkpoints import (
+    assert_chunked_prefill_and_prefix_hits_identical,
+    reference_drafts,
+    write_eagle,
+    write_target,
+)
 from tests.models.test_speculative import PROMPTS, assert_no_slot_leaked
 
 GREEDY = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
@@ -72,17 +77,7 @@ def test_greedy_output_is_identical(setup):
 def test_chunked_prefill_and_prefix_hits_keep_output_identical(setup):
     """Features arrive chunk by chunk; a prefix-cache hit leaves positions without features."""
     _, _, _, base, spec = setup
-    expected = [o.token_ids for o in base.generate(PROMPTS, GREEDY)]
-    sched = spec.engine.scheduler
-    budget = sched.max_num_batched_tokens
-    sched.max_num_batched_tokens = 8
-    try:
-        assert [o.token_ids for o in spec.generate(PROMPTS, GREEDY)] == expected
-        shared = [PROMPTS[2] + [7, 8, 9], PROMPTS[2] + [3]]  # (PROMPTS[2] is in the prefix cache)
-        assert [o.token_ids for o in spec.generate(shared, GREEDY)] == \
-            [o.token_ids for o in base.generate(shared, GREEDY)]
-    finally:
-        sched.max_num_batched_tokens = budget
+    assert_chunked_prefill_and_prefix_hits_identical(base, spec, PROMPTS, GREEDY)
     assert_no_slot_leaked(spec)
     assert spec.engine.speculator.num_slots_held == 0
 

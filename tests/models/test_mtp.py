@@ -14,10 +14,18 @@ import pytest
 import torch
 
 from anycore import LLM, SamplingParams
+from tests.models.eagle_checkpoints import (
+    FFN,
+    HEADS,
+    KV_HEADS,
+    H,
+    assert_chunked_prefill_and_prefix_hits_identical,
+)
+from tests.models.eagle_checkpoints import write_target as write_qwen2
 from tests.models.hf_oracle import hf_greedy
 from tests.models.test_speculative import PROMPTS, assert_no_slot_leaked
 
-H, HEADS, KV_HEADS, FFN, VOCAB, EPS, THETA = 64, 4, 2, 128, 256, 1e-6, 10000.0
+EPS, THETA = 1e-6, 10000.0
 D = H // HEADS
 GREEDY = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
 
@@ -27,18 +35,8 @@ def write_target(folder, tokenizer, num_mtp_layers: int):
     ``num_nextn_predict_layers``; its MTP layers go in a second safetensors file. Returns the
     transformers Qwen2 model and the MTP tensors."""
     from safetensors.torch import save_file
-    from transformers import AutoModelForCausalLM, Qwen2Config
 
-    torch.manual_seed(0)
-    cfg = Qwen2Config(vocab_size=VOCAB, hidden_size=H, intermediate_size=FFN, num_hidden_layers=2,
-                      num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, max_position_embeddings=512,
-                      rms_norm_eps=EPS, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False)
-    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0, 0.2)
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
+    model = write_qwen2(folder, tokenizer, 2, "Qwen2Config", rms_norm_eps=EPS)
     config = json.loads((folder / "config.json").read_text())
     config |= dict(architectures=["MiMoForCausalLM"], model_type="mimo", num_nextn_predict_layers=num_mtp_layers)
     (folder / "config.json").write_text(json.dumps(config))
@@ -47,7 +45,7 @@ def write_target(folder, tokenizer, num_mtp_layers: int):
         tensors |= _mtp_layer(f"model.mtp_layers.{i}.", torch.Generator().manual_seed(10 + i))
     if tensors:
         save_file(tensors, str(folder / "model-mtp.safetensors"))
-    return model.eval(), tensors
+    return model, tensors
 
 
 def _mtp_layer(p: str, g: torch.Generator, scale: float = 0.3) -> dict[str, torch.Tensor]:
@@ -191,17 +189,7 @@ def test_greedy_output_is_identical(setup):
 
 def test_chunked_prefill_and_prefix_hits_keep_output_identical(setup):
     _, _, base, spec = setup
-    expected = [o.token_ids for o in base.generate(PROMPTS, GREEDY)]
-    sched = spec.engine.scheduler
-    budget = sched.max_num_batched_tokens
-    sched.max_num_batched_tokens = 8
-    try:
-        assert [o.token_ids for o in spec.generate(PROMPTS, GREEDY)] == expected
-        shared = [PROMPTS[2] + [7, 8, 9], PROMPTS[2] + [3]]  # (PROMPTS[2] is in the prefix cache)
-        assert [o.token_ids for o in spec.generate(shared, GREEDY)] == \
-            [o.token_ids for o in base.generate(shared, GREEDY)]
-    finally:
-        sched.max_num_batched_tokens = budget
+    assert_chunked_prefill_and_prefix_hits_identical(base, spec, PROMPTS, GREEDY)
     assert_no_slot_leaked(spec)
     assert spec.engine.speculator.num_slots_held == 0
 
