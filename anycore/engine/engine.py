@@ -324,6 +324,7 @@ class Engine:
         """schedule -> execute -> update, for every step kind alike (prefill chunks and decodes
         mixed, or one multi-step greedy decode)."""
         eagle = self.speculator if isinstance(self.speculator, EagleSpeculator) else None
+        t_step = time.perf_counter()  # (drafting happens while scheduling: part of a step's cost)
         # (EAGLE needs the target's features of every position: no native multi-step decode)
         out = self.scheduler.schedule(0 if eagle else self.runner.max_steps(self.config.decode_burst))
         if out.is_empty:
@@ -343,8 +344,13 @@ class Engine:
         if gov is not None and out.all_decode:
             steps = max(len(t) for t in sampled.values()) if sampled else 1
             gov.observe(len(out.scheduled), (time.perf_counter() - t0) / steps)
+        progressed = self.scheduler.update(out, sampled)
+        if self.speculator is not None and out.decode_shaped:
+            # (a multi-step native decode: its time per step; a verify step is one step)
+            steps = max(1, *(len(t) for t in sampled.values())) if out.all_decode else 1
+            self.speculator.record_step(out.num_batched_tokens, (time.perf_counter() - t_step) / steps)
         results = []
-        for req, tokens in self.scheduler.update(out, sampled):
+        for req, tokens in progressed:
             lps = logprobs.get(req.request_id, [])
             req.logprobs += lps
             results.append(self._output(req, tokens, lps))

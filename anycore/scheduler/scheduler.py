@@ -65,6 +65,12 @@ class SchedulerOutput:
         """Every scheduled request adds exactly one token (a decode step)."""
         return all(s.num_new_tokens == 1 for s in self.scheduled)
 
+    @property
+    def decode_shaped(self) -> bool:
+        """Every scheduled request decodes: one token, or a verify of its last token and its
+        drafts (no prefill chunk)."""
+        return all(s.sample and (s.num_new_tokens == 1 or s.draft_tokens) for s in self.scheduled)
+
 
 # A waiting request whose prompt shares at least this many more tokens with a prompt being
 # prefilled right now than the prefix cache holds waits for that prefill to publish its KV,

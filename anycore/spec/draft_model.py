@@ -101,9 +101,8 @@ class DraftModelSpeculator(Speculator):
         return draft
 
     def propose(self, req: Request, limit: int, batch_size: int) -> list[int]:
-        if not self._may_propose(req, limit, batch_size):
-            return []
-        return self.draft_tokens(req, min(self.config.num_tokens, limit))
+        k = self._draft_len(req, limit, batch_size)
+        return self.draft_tokens(req, k) if k else []
 
     def release(self, req: Request) -> None:
         mirror = self.mirrors.pop(req.request_id, None)

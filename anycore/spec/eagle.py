@@ -104,11 +104,11 @@ class EagleSpeculator(Speculator):
         if st is not None:
             with torch.inference_mode():
                 self._absorb(req, st)  # (every step, drafting or not: pending stays small)
-        if not self._may_propose(req, limit, batch_size) or st is None or st.last_out is None:
+        if st is None or st.last_out is None or st.next_pos != req.num_tokens - 1:
+            return []  # (no head output yet, or the newest position's feature is missing)
+        depth = self._draft_len(req, limit, batch_size, self.config.eagle_topk)
+        if not depth:
             return []
-        if st.next_pos != req.num_tokens - 1:
-            return []  # (the newest position's feature is missing)
-        depth = min(self.config.num_tokens, limit)
         with torch.inference_mode():
             if self.config.eagle_topk > 1:  # (greedy and sampled requests: both verify trees losslessly)
                 return self._draft_tree(st, depth, self.config.eagle_topk)

@@ -1,12 +1,17 @@
 """When a request speculates, and what it proposes: the engine-wide settings, each request's
 acceptance history (back-off) and the totals ``Engine.stats()`` reports.
 
-Speculation pays when verifying 1 + k tokens costs about one decode step (batch-1 decode reads
-every weight once per step whatever the token count) and some drafts are accepted. It stops
-paying when (a) the drafts are mostly rejected — each request keeps an EWMA of its accepted
-fraction and, below ``min_acceptance``, backs off for a growing number of steps before trying
-again — or (b) the batch is large, so a step is no longer bandwidth-bound and every extra
-verified token costs compute: above ``max_batch`` running requests nobody speculates.
+Speculation pays when verifying 1 + k tokens costs little more than one decode step (batch-1
+decode of bf16 weights reads every weight once per step whatever the token count) and enough
+drafts are accepted. How much more it costs is measured, not assumed (spec/step_cost.py): each
+step's wall time is recorded by the rows it computed, and each request's k is the one with the
+most expected tokens per second for its per-token acceptance and the batch it is in, 0 (a plain
+step) when none pays. So speculation backs off (a) when the drafts are mostly rejected (also:
+below ``min_acceptance``, an EWMA of the accepted fraction), (b) when verification is not
+nearly free in this weight format (the Q4 block kernels are compute-bound), and (c) when the
+batch is large enough that every verified row costs compute; above ``max_batch`` running
+requests nobody speculates at all. A back-off lasts a growing number of steps; the request then
+probes once with the configured k, which re-measures both its acceptance and the step's cost.
 
 Reproducibility: a seeded sampling request's random draws depend on whether it speculated, so
 its decision must not depend on other requests. It ignores the batch-size rule (its back-off
@@ -20,12 +25,14 @@ from dataclasses import dataclass
 
 from anycore.scheduler.request import Request
 from anycore.spec.ngram import propose_ngram
+from anycore.spec.step_cost import StepCosts
 
 ALGORITHMS = ("ngram", "draft", "eagle", "eagle3", "mtp")
 HEAD_ALGORITHMS = ("eagle", "eagle3", "mtp")  # a one-layer head over target features (spec/eagle.py)
 
 _EWMA_WEIGHT = 0.3  # of the newest verify step in a request's acceptance average
 _MAX_BACKOFF = 64  # steps
+_TOKEN_DECAY = 0.7  # per verify step, of a request's per-token acceptance counts
 
 
 @dataclass(frozen=True)
@@ -80,7 +87,16 @@ class SpecState:
 
     acceptance: float = 1.0  # EWMA of accepted / proposed (optimistic start)
     skip: int = 0  # steps left before it proposes again (back-off)
-    backoff: int = 0  # the length of the last back-off (doubles while acceptance stays low)
+    backoff: int = 0  # the length of the last back-off (doubles while speculation does not pay)
+    probe: bool = True  # the next proposal drafts the configured k whatever the cost model says
+    # decayed counts of draft tokens kept / tried (tried: each kept one and the first rejected);
+    # their ratio is the per-token acceptance the cost model uses (optimistic start: 0.8)
+    tokens_kept: float = 1.6
+    tokens_tried: float = 2.0
+
+    @property
+    def token_acceptance(self) -> float:
+        return self.tokens_kept / self.tokens_tried
 
 
 @dataclass
@@ -98,28 +114,52 @@ class Speculator:
     def __init__(self, config: SpeculativeConfig) -> None:
         self.config = config
         self.totals = SpecTotals()
+        self.costs = StepCosts()
 
     def propose(self, req: Request, limit: int, batch_size: int) -> list[int]:
         """Draft tokens for a decoding request (at most ``limit``), or [] for a plain decode."""
-        if not self._may_propose(req, limit, batch_size):
+        k = self._draft_len(req, limit, batch_size)
+        if not k:
             return []
         c = self.config
-        return propose_ngram(req.all_token_ids, min(c.num_tokens, limit), c.ngram_max, c.ngram_min)
+        return propose_ngram(req.all_token_ids, k, c.ngram_max, c.ngram_min)
 
-    def _may_propose(self, req: Request, limit: int, batch_size: int) -> bool:
-        """The request may speculate this step (and its back-off clock ticks when not)."""
+    def record_step(self, rows: int, seconds: float) -> None:
+        """The engine's wall time of a decode-shaped step (no prefill chunk) of ``rows`` rows."""
+        self.costs.record(rows, seconds)
+
+    def _draft_len(self, req: Request, limit: int, batch_size: int, rows_per_token: int = 1) -> int:
+        """How many tokens (a tree: levels of ``rows_per_token`` nodes) the request drafts this
+        step (0: a plain decode; its back-off clock ticks then)."""
         c = self.config
         if limit <= 0 or not req.params.speculative or not req.can_speculate:
-            return False
-        if batch_size > c.max_batch and not (req.params.seed is not None and req.params.temperature > 0):
-            return False
+            return 0
+        seeded_sampler = req.params.seed is not None and req.params.temperature > 0
+        if batch_size > c.max_batch and not seeded_sampler:
+            return 0
         state = req.spec_state
         if state is None:
             state = req.spec_state = SpecState()
         if state.skip > 0:
             state.skip -= 1
-            return False
-        return True
+            return 0
+        k = min(c.num_tokens, limit)
+        # (a seeded sampler's draws depend on its drafts: no decision from wall times for it)
+        if state.probe or seeded_sampler:
+            state.probe = False
+            return k
+        k = self.costs.best_draft_len(batch_size, state.token_acceptance, k, rows_per_token)
+        if k == 0:
+            self._back_off(state)
+        elif self.costs.measured:
+            state.backoff = 0  # (speculation pays again: the next back-off starts short)
+        return k
+
+    @staticmethod
+    def _back_off(state: SpecState) -> None:
+        state.backoff = min(max(2 * state.backoff, 4), _MAX_BACKOFF)
+        state.skip = state.backoff
+        state.probe = True
 
     def release(self, req: Request) -> None:
         """``req`` finished or was preempted (a draft model frees its KV of it)."""
@@ -133,9 +173,10 @@ class Speculator:
         state = req.spec_state
         assert state is not None
         state.acceptance += _EWMA_WEIGHT * (accepted / proposed - state.acceptance)
+        state.tokens_kept = _TOKEN_DECAY * state.tokens_kept + accepted
+        state.tokens_tried = _TOKEN_DECAY * state.tokens_tried + accepted + (accepted < proposed)
         if state.acceptance < self.config.min_acceptance:
-            state.backoff = min(max(2 * state.backoff, 4), _MAX_BACKOFF)
-            state.skip = state.backoff
+            self._back_off(state)
             state.acceptance = min(1.0, 2 * self.config.min_acceptance)  # the retry gets a fair chance
-        elif accepted == proposed:
-            state.backoff = 0
+        elif accepted == proposed and not self.costs.measured:
+            state.backoff = 0  # (with step costs measured, the cost rule says when it pays again)

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from anycore import LLM, SamplingParams
+from anycore.spec.step_cost import StepCosts
 
 pytestmark = pytest.mark.slow
 
@@ -26,6 +27,18 @@ def assert_no_slot_leaked(llm: LLM) -> None:
         assert kv.num_used == 0
         return
     assert kv.radix.protected_size == 0 and kv.num_used == kv.radix.total_size
+
+
+class FixedCosts(StepCosts):
+    """Step costs of a machine where verification is free, never updated: the full k every step,
+    so a batched run's mix of plain and verify rows is the same from run to run."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        super().record(1, 1.0)
+
+    def record(self, rows: int, seconds: float) -> None:
+        pass
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -47,9 +60,16 @@ def test_greedy_tokens_identical_with_ngram_speculation(dtype, llm_fp32):
     expected = [o.token_ids for o in base.generate(prompts, GREEDY)]
     for p in prompts:  # alone: verify steps vs the plain decode
         assert spec.generate([p], GREEDY)[0].token_ids == base.generate([p], GREEDY)[0].token_ids
-    assert [o.token_ids for o in spec.generate(prompts, GREEDY)] == expected  # batched
+    # batched. In bf16 a batch of 2 decode rows rounds differently from 1, so when one request
+    # runs ahead and the other decodes alone its tokens are another (equally valid) plain run;
+    # with draft lengths chosen from measured (load-dependent) step costs that mix would change
+    # from run to run: fixed costs here, the same full-k schedule every time
+    spec.engine.speculator.costs = FixedCosts()
+    assert [o.token_ids for o in spec.generate(prompts, GREEDY)] == expected
     stats = spec.engine.stats()
-    assert stats.spec_acceptance_length > 1.5  # the repeat prompt's drafts are mostly right
+    # drafts were verified and some kept (how many a step drafts, and so how many verify steps
+    # there are, follows the measured step costs, spec/step_cost.py: the machine's load)
+    assert stats.spec_verify_steps > 0 and stats.spec_accepted_tokens > 0
     # a stop string inside the text: the same cut as without speculation
     stop = SamplingParams(temperature=0.0, max_tokens=48, stop=["lens"])
     a, b = base.generate([prompts[0]], stop)[0], spec.generate([prompts[0]], stop)[0]
@@ -65,5 +85,9 @@ def test_greedy_tokens_identical_with_ngram_speculation_on_the_gguf_blocks():
     prompts = [base.apply_chat_template(c) for c in CHATS]
     for p in prompts:
         assert spec.generate([p], GREEDY)[0].token_ids == base.generate([p], GREEDY)[0].token_ids
-    assert spec.engine.stats().spec_acceptance_length > 1.5
+    assert spec.engine.stats().spec_verify_steps > 0 and spec.engine.stats().spec_accepted_tokens > 0
+    # the draft length follows measured step costs (spec/step_cost.py): plain steps (1 row) and
+    # verify steps (1 + k rows) were both timed, so the tokens above were identical whatever k it chose
+    rows = spec.engine.speculator.costs.snapshot()
+    assert 1 in rows and any(n > 1 for n in rows) and all(t > 0 for t in rows.values())
     assert_no_slot_leaked(spec)
