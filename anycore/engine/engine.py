@@ -181,6 +181,7 @@ class Engine:
         self.scheduler = Scheduler(self.kv, config.max_num_batched_tokens, config.max_num_seqs, config.policy,
                                    self.speculator)
         self.runner = ModelRunner(self._runner_model(), self.kv_pool, self.ops)
+        self.runner.native_single_step = config.decode_burst != 0
         if self.parallel is not None:  # (no native stack nor native greedy decode: no collectives in them)
             self.runner.native.enabled = False
         if isinstance(self.speculator, EagleSpeculator):

@@ -244,18 +244,26 @@ class NativeExecutor:
         position ``start``; ``slot_row`` int64 ``[1, >= start + steps]`` holds its KV slots by
         position. The tokens equal what ``steps`` one-token steps (forward, logits head, argmax)
         would give."""
+        return self._decode(self.ops.decode_greedy, token, start, (steps,), slot_row, k_pool, v_pool).tolist()
+
+    def decode_logits(self, token: int, start: int, slot_row: torch.Tensor, k_pool: torch.Tensor,
+                      v_pool: torch.Tensor) -> torch.Tensor:
+        """One such step's fp32 logits ``[1, vocab]``: the bits the forward and the logits head
+        give for that one-token batch."""
+        return self._decode(self.ops.decode_logits, token, start, (), slot_row, k_pool, v_pool)
+
+    def _decode(self, op: Callable, token: int, start: int, steps: tuple[int, ...], slot_row: torch.Tensor,
+                k_pool: torch.Tensor, v_pool: torch.Tensor) -> torch.Tensor:
         args = self._greedy_args()
-        if args is None:
-            raise RuntimeError("decode_greedy on a model that cannot (check can_decode_greedy first)")
+        if args is None or op is None:
+            raise RuntimeError("native decode on a model that cannot (check can_decode_greedy first)")
         stack, embed, head, impl = args
         m, g = self.model, self.geometry
         emb = m.embed_tokens
         vocab, hidden = emb.table_shape if emb.shared_head is not None or emb.gguf_qtype is not None else embed[0].shape
-        tokens = self.ops.decode_greedy(
-            token, start, steps, embed, impl, vocab, hidden, stack.native, k_pool, v_pool, slot_row, m.rotary.cos,
-            m.rotary.sin, m.norm.weight, head, impl, g.num_heads, g.num_kv_heads, g.head_dim, g.eps, m.norm.eps,
-            g.scale)
-        return tokens.tolist()
+        return op(token, start, *steps, embed, impl, vocab, hidden, stack.native, k_pool, v_pool, slot_row,
+                  m.rotary.cos, m.rotary.sin, m.norm.weight, head, impl, g.num_heads, g.num_kv_heads, g.head_dim,
+                  g.eps, m.norm.eps, g.scale)
 
     def _greedy_args(self) -> tuple[_Stack, list, list, int] | None:
         """(stack, embedding tensors, head tensors, the head kernel's variant) for

@@ -89,6 +89,10 @@ class ModelRunner:
         # After each step ``features`` holds (q_start_loc, captured rows) of the batch.
         self.capture_layers: tuple[int, ...] | None = None
         self.features: tuple[torch.Tensor, torch.Tensor] | None = None
+        # a request decoding alone that samples takes one native call for its logits
+        # (NativeExecutor.decode_logits) when the model can; the engine turns it off with the
+        # native greedy call (--decode-burst 0)
+        self.native_single_step = True
 
     def build_batch(self, out: SchedulerOutput) -> ForwardBatch:
         sched = out.scheduled
@@ -181,6 +185,8 @@ class ModelRunner:
         this step computed (requests with prompt_logprobs)."""
         if len(out.scheduled) == 1 and out.scheduled[0].greedy_native:
             return self._multi_step(out.scheduled[0]), {}, {}
+        if len(out.scheduled) == 1 and self._samples_alone(out.scheduled[0]):
+            return self._sample_alone(out.scheduled[0])
         batch = self.build_batch(out)
         layout = logits_layout(out.scheduled)
         if layout is not None:  # some rows want every new token's logits (prompt logprobs, drafts)
@@ -211,6 +217,23 @@ class ModelRunner:
         sampled.update({rid: [t] for rid, t in zip(ids, tokens.tolist())})
         lps = {rid: [lp] for rid, lp in zip(ids, logprobs) if lp is not None}
         return sampled, lps, prompt_lps
+
+    def _samples_alone(self, s: ScheduledRequest) -> bool:
+        """``s`` is one token of one request that samples from its logits alone (no drafts, no
+        prompt logprobs, no hidden states captured for a draft head)."""
+        return (self.native_single_step and s.sample and s.num_new_tokens == 1 and not s.draft_tokens
+                and not s.request.needs_prompt_logprobs and self.capture_layers is None
+                and self.native.can_decode_greedy())
+
+    def _sample_alone(self, s: ScheduledRequest):
+        """The native step's logits (the bits forward + logits head give this one-token batch),
+        sampled as any step's are."""
+        req = s.request
+        slot_row = torch.from_numpy(self.slot_rows.row(req)[: s.start + 1])[None]
+        logits = self.native.decode_logits(req.all_token_ids[s.start], s.start, slot_row, self.kv.k, self.kv.v)
+        tokens, logprobs = sample_requests(logits, [req])
+        lps = {req.request_id: [logprobs[0]]} if logprobs[0] is not None else {}
+        return {req.request_id: tokens.tolist()}, lps, {}
 
     def _multi_step(self, s: ScheduledRequest) -> dict[str, list[int]]:
         """``s.num_steps`` greedy tokens of one request in one native call."""

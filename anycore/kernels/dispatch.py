@@ -55,17 +55,18 @@ def select_ops(
     fns = {c.op: make_op(c.op, c.impl, ext, specs) for c in sel.choices}
     native_index = {c.op: ext.variants.index(c.impl) for c in sel.choices
                     if ext is not None and c.impl in ext.variants}
-    stack = stack_weights = greedy = None
+    stack = stack_weights = greedy = step_logits = None
     if all(op in native_index for op in FUSED_OPS):
         stack, stack_weights = _bind_decoder_stack([native_index[op] for op in FUSED_OPS])
         greedy = torch.ops.anycore.decode_greedy.default
+        step_logits = torch.ops.anycore.decode_logits.default
     for c in sel.choices:
         log.info("kernel %s -> %s (%s)", c.op, c.impl, c.reason)
     log.info("kernel decoder_stack -> %s", "native" if stack else "op by op (some op is not native)")
     for w in sel.warnings:
         log.warning("kernels: %s", w)
     return KernelOps(fns, decoder_stack=stack, stack_weights=stack_weights,
-                     decode_greedy=greedy, native_index=native_index, choices=sel.as_dict(),
+                     decode_greedy=greedy, decode_logits=step_logits, native_index=native_index, choices=sel.as_dict(),
                      reasons={c.op: c.reason for c in sel.choices})
 
 

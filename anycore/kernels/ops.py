@@ -192,6 +192,9 @@ class KernelOps:
     # scale) -> int64 [steps]: one request's greedy tokens, several in one native call
     # (csrc/common/decode_greedy.cpp); bound with decoder_stack
     decode_greedy: Callable | None = None
+    # decode_logits(token, start, <decode_greedy's arguments without steps>) -> fp32 [1, vocab]:
+    # one such step's logits, for a request decoding alone that samples (csrc/common/decode_greedy.cpp)
+    decode_logits: Callable | None = None
     # op name -> variant index in the extension, for native choices (the fused layer needs them)
     native_index: dict[str, int] = field(default_factory=dict)
     # op name -> human-readable implementation name (for logs and `anycore doctor`)

@@ -13,6 +13,11 @@
 // Invariant: every token goes through the same ops, with the same inputs, as the engine's
 // one-token step (LlamaForCausalLM.forward, LogitsHead.forward, sampler.argmax_rows), so the tokens
 // are the ones single steps would produce (tests/kernels/test_decode_greedy.py).
+//
+// decode_logits is one such step that returns the logits instead of the argmax: a request
+// decoding alone with any other sampling (temperature, top-k/p, penalties, logprobs) samples
+// from them in Python (engine/sampler.py) without the runner's batch, the model's Python
+// forward or the separate head call (~0.4 ms of a ~4.5 ms Q4_1 step, measured in-process).
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -86,13 +91,12 @@ at::Tensor embedding_row(const c10::List<std::optional<at::Tensor>>& embed, int6
 // [packed, w_scale, inv_smooth or None] (W8A8, `w8a8_linear` variant head_impl, fp32 input).
 // slot_row: int64 [1, >= start + steps], the request's KV slots by position; the slots of
 // positions start .. start + steps - 1 are written.
-at::Tensor decode_greedy(int64_t token, int64_t start, int64_t steps, const c10::List<std::optional<at::Tensor>>& embed,
-                         int64_t embed_impl, int64_t vocab, int64_t hidden_size,
-                         const c10::intrusive_ptr<StackWeights>& stack, const at::Tensor& k_pool,
-                         const at::Tensor& v_pool, const at::Tensor& slot_row, const at::Tensor& cos_table,
-                         const at::Tensor& sin_table, const at::Tensor& final_norm,
-                         const c10::List<std::optional<at::Tensor>>& head, int64_t head_impl, int64_t num_heads,
-                         int64_t num_kv_heads, int64_t head_dim, double eps, double final_eps, double scale) {
+namespace {
+
+// The arguments both entry points check the same way (`steps` positions from `start`).
+void check_decode_args(int64_t start, int64_t steps, const c10::List<std::optional<at::Tensor>>& embed, int64_t vocab,
+                       int64_t hidden_size, const at::Tensor& slot_row, const at::Tensor& cos_table,
+                       const at::Tensor& sin_table, const c10::List<std::optional<at::Tensor>>& head) {
   TORCH_CHECK(steps >= 1 && start >= 0, "decode_greedy: steps >= 1 and start >= 0");
   TORCH_CHECK(embed.size() >= 1 && embed.size() <= 3 && embed.get(0).has_value(),
               "decode_greedy: embed is [weight], [qweight, row_scale] or [packed, w_scale, inv_smooth]");
@@ -104,39 +108,74 @@ at::Tensor decode_greedy(int64_t token, int64_t start, int64_t steps, const c10:
               "decode_greedy: slot_row must be int64 [1, >= start + steps]");
   TORCH_CHECK(cos_table.dim() == 2 && sin_table.sizes() == cos_table.sizes() && cos_table.size(0) >= start + steps,
               "decode_greedy: cos/sin tables must cover positions up to start + steps");
-  const bool dense = head.size() == 1, blocks = head.size() == 2;
-  TORCH_CHECK(dense || blocks || head.size() == 3,
+  TORCH_CHECK(head.size() >= 1 && head.size() <= 3,
               "decode_greedy: head is [weight], [blocks, qtype] or [packed, w_scale, inv_smooth]");
-  const int64_t head_qtype = blocks ? head.get(1)->item<int64_t>() : -1;
-  const int64_t norm_impl = stack->op_impls[kOpAddRmsNorm];
-  const at::Tensor slots = slot_row.select(0, 0);
+}
+
+// One step of the request: `token` at position `pos` through the embedding row, the stack (its
+// KV written to slot_row[pos]), the final norm and the logits head -> fp32 logits [1, vocab].
+at::Tensor step_logits(int64_t token, int64_t pos, const c10::List<std::optional<at::Tensor>>& embed,
+                       int64_t embed_impl, int64_t vocab, int64_t hidden_size,
+                       const c10::intrusive_ptr<StackWeights>& stack, const at::Tensor& k_pool,
+                       const at::Tensor& v_pool, const at::Tensor& slot_row, const at::Tensor& cos_table,
+                       const at::Tensor& sin_table, const at::Tensor& final_norm,
+                       const c10::List<std::optional<at::Tensor>>& head, int64_t head_impl, int64_t num_heads,
+                       int64_t num_kv_heads, int64_t head_dim, double eps, double final_eps, double scale) {
+  TORCH_CHECK(token >= 0 && token < vocab, "decode_greedy: token ", token, " outside the vocabulary");
   const at::Tensor q_start = at::arange(2, slot_row.options());
+  at::Tensor hidden = embedding_row(embed, embed_impl, vocab, hidden_size, at::full({1}, token, slot_row.options()));
+  auto [h, res] = decoder_stack(hidden, stack, k_pool, v_pool, slot_row.select(0, 0).narrow(0, pos, 1),
+                                cos_table.narrow(0, pos, 1), sin_table.narrow(0, pos, 1), q_start,
+                                at::full({1}, pos + 1, slot_row.options()), slot_row.narrow(1, 0, pos + 1), num_heads,
+                                num_kv_heads, head_dim, eps, scale);
+  at::Tensor normed = std::get<0>(add_rms_norm(h, res, final_norm, final_eps, stack->op_impls[kOpAddRmsNorm]));
+  at::Tensor logits;
+  if (head.size() == 1) {
+    logits = linear(normed, *head.get(0), std::nullopt, head_impl).to(at::kFloat);
+  } else if (head.size() == 2) {
+    logits = gguf_linear(normed.to(at::kFloat), *head.get(0), head.get(1)->item<int64_t>(), std::nullopt, head_impl);
+  } else {
+    at::Tensor x = normed.to(at::kFloat);
+    const std::optional<at::Tensor> inv = head.get(2);
+    if (inv.has_value() && inv->defined()) x = x * *inv;
+    logits = w8a8_linear(x, *head.get(0), *head.get(1), std::nullopt, head_impl);
+  }
+  TORCH_CHECK(logits.is_contiguous() && logits.scalar_type() == at::kFloat, "decode_greedy: head gave ", logits.sizes());
+  return logits;
+}
+
+}  // namespace
+
+at::Tensor decode_greedy(int64_t token, int64_t start, int64_t steps, const c10::List<std::optional<at::Tensor>>& embed,
+                         int64_t embed_impl, int64_t vocab, int64_t hidden_size,
+                         const c10::intrusive_ptr<StackWeights>& stack, const at::Tensor& k_pool,
+                         const at::Tensor& v_pool, const at::Tensor& slot_row, const at::Tensor& cos_table,
+                         const at::Tensor& sin_table, const at::Tensor& final_norm,
+                         const c10::List<std::optional<at::Tensor>>& head, int64_t head_impl, int64_t num_heads,
+                         int64_t num_kv_heads, int64_t head_dim, double eps, double final_eps, double scale) {
+  check_decode_args(start, steps, embed, vocab, hidden_size, slot_row, cos_table, sin_table, head);
   at::Tensor out = at::empty({steps}, slot_row.options());
   int64_t* out_p = out.data_ptr<int64_t>();
   for (int64_t i = 0; i < steps; ++i) {
-    const int64_t pos = start + i;
-    TORCH_CHECK(token >= 0 && token < vocab, "decode_greedy: token ", token, " outside the vocabulary");
-    at::Tensor hidden = embedding_row(embed, embed_impl, vocab, hidden_size, at::full({1}, token, slot_row.options()));
-    auto [h, res] = decoder_stack(hidden, stack, k_pool, v_pool, slots.narrow(0, pos, 1), cos_table.narrow(0, pos, 1),
-                                  sin_table.narrow(0, pos, 1), q_start, at::full({1}, pos + 1, slot_row.options()),
-                                  slot_row.narrow(1, 0, pos + 1), num_heads, num_kv_heads, head_dim, eps, scale);
-    at::Tensor normed = std::get<0>(add_rms_norm(h, res, final_norm, final_eps, norm_impl));
-    at::Tensor logits;
-    if (dense) {
-      logits = linear(normed, *head.get(0), std::nullopt, head_impl).to(at::kFloat);
-    } else if (blocks) {
-      logits = gguf_linear(normed.to(at::kFloat), *head.get(0), head_qtype, std::nullopt, head_impl);
-    } else {
-      at::Tensor x = normed.to(at::kFloat);
-      const std::optional<at::Tensor> inv = head.get(2);
-      if (inv.has_value() && inv->defined()) x = x * *inv;
-      logits = w8a8_linear(x, *head.get(0), *head.get(1), std::nullopt, head_impl);
-    }
-    TORCH_CHECK(logits.is_contiguous() && logits.scalar_type() == at::kFloat, "decode_greedy: head gave ", logits.sizes());
+    const at::Tensor logits = step_logits(token, start + i, embed, embed_impl, vocab, hidden_size, stack, k_pool,
+                                          v_pool, slot_row, cos_table, sin_table, final_norm, head, head_impl,
+                                          num_heads, num_kv_heads, head_dim, eps, final_eps, scale);
     token = first_argmax(logits.data_ptr<float>(), logits.numel());
     out_p[i] = token;
   }
   return out;
+}
+
+at::Tensor decode_logits(int64_t token, int64_t start, const c10::List<std::optional<at::Tensor>>& embed,
+                         int64_t embed_impl, int64_t vocab, int64_t hidden_size,
+                         const c10::intrusive_ptr<StackWeights>& stack, const at::Tensor& k_pool,
+                         const at::Tensor& v_pool, const at::Tensor& slot_row, const at::Tensor& cos_table,
+                         const at::Tensor& sin_table, const at::Tensor& final_norm,
+                         const c10::List<std::optional<at::Tensor>>& head, int64_t head_impl, int64_t num_heads,
+                         int64_t num_kv_heads, int64_t head_dim, double eps, double final_eps, double scale) {
+  check_decode_args(start, 1, embed, vocab, hidden_size, slot_row, cos_table, sin_table, head);
+  return step_logits(token, start, embed, embed_impl, vocab, hidden_size, stack, k_pool, v_pool, slot_row, cos_table,
+                     sin_table, final_norm, head, head_impl, num_heads, num_kv_heads, head_dim, eps, final_eps, scale);
 }
 
 }  // namespace anycore::ops

@@ -237,3 +237,36 @@ def test_bf16_decode_bursts_equal_single_steps(tiny_llama):
     assert all(len(tokens) == MAX_TOKENS for tokens, _ in one)
     assert four == one and steps4 < steps1
     assert torch.equal(k4, k1) and torch.equal(v4, v1)
+
+
+def test_bf16_sampling_alone_native_logits_equal_single_steps(tiny_llama):
+    """A request decoding alone that samples takes its logits from one native call
+    (csrc/common/decode_greedy.cpp decode_logits, on the Arm kernels this CPU picks): seeded
+    tokens, logprobs and the KV pool equal the runner's forward + head + sampler (burst 0)."""
+    LLM, SamplingParams = _llm_api()
+    path, prompts, _ = tiny_llama
+    results = []
+    for burst in (0, 1):
+        llm = LLM(model=str(path), dtype="bfloat16", kv_cache_gb=0.01, decode_burst=burst)
+        engine = llm.engine
+        native = engine.runner.native
+        if burst and not native.can_decode_greedy():
+            pytest.skip("no native decode here (extension unavailable or an op not native)")
+        calls = []
+        step_logits = native.decode_logits
+        native.decode_logits = lambda *a, calls=calls, f=step_logits: calls.append(1) or f(*a)
+        outs = []
+        for i, p in enumerate(prompts):
+            engine.add_request(p, SamplingParams(max_tokens=MAX_TOKENS, temperature=0.9, top_p=0.95, seed=i,
+                                                 logprobs=1, ignore_eos=True))
+            tokens, lps = [], []
+            while engine.has_unfinished():
+                for o in engine.step():
+                    tokens += o.new_token_ids
+                    lps += [(lp.token_id, lp.logprob, lp.top) for lp in o.new_logprobs]
+            outs.append((tokens, lps))
+        results.append((outs, engine.kv_pool.k.clone(), engine.kv_pool.v.clone(), len(calls)))
+    (ref, k0, v0, calls0), (got, k1, v1, calls1) = results
+    assert calls0 == 0 and calls1 >= len(prompts) * (MAX_TOKENS - 1)
+    assert got == ref and all(len(lps) == MAX_TOKENS for _, lps in ref)
+    assert torch.equal(k1, k0) and torch.equal(v1, v0)

@@ -101,3 +101,49 @@ def test_no_burst_when_it_cannot_be_exact(tmp_path, tokenizer, restore_threads):
         engine.add_request([7, 8, 9], params)
         while engine.has_unfinished():
             assert all(len(o.new_token_ids) == 1 for o in engine.step())
+
+
+SAMPLED = [SamplingParams(temperature=0.8, max_tokens=9, seed=1, ignore_eos=True),
+           SamplingParams(temperature=1.0, top_p=0.9, top_k=40, max_tokens=9, seed=2, ignore_eos=True),
+           SamplingParams(temperature=0.7, repetition_penalty=1.3, max_tokens=9, seed=3, ignore_eos=True),
+           SamplingParams(temperature=0, logprobs=2, max_tokens=9, ignore_eos=True)]
+
+
+@pytest.mark.parametrize("quant", ["bf16", "w8a8-head-embed"])
+@pytest.mark.parametrize("name", ["llama-untied-llama3-rope", "qwen2-qkv-bias"])
+def test_a_request_sampling_alone_takes_one_native_call_with_the_same_bits(tmp_path, tokenizer, restore_threads,
+                                                                          name, quant):
+    """Sampling, penalties and logprobs from csrc's decode_logits (the step's logits in one native
+    call, sampled in Python) equal the runner's forward + head + sampler (``decode_burst=0``):
+    tokens, logprobs and KV."""
+    write_checkpoint(tmp_path, name, tokenizer)
+
+    def run(burst: int):
+        llm = LLM(model=str(tmp_path), dtype="bfloat16", kv_cache_gb=0.01, threads=2, decode_burst=burst,
+                  **QUANT[quant])
+        engine = llm.engine
+        native = engine.runner.native
+        if burst and not native.can_decode_greedy():
+            pytest.skip("no native decode here")
+        calls = []
+        step_logits = native.decode_logits
+        native.decode_logits = lambda *a: calls.append(1) or step_logits(*a)
+        outs = []
+        for params in SAMPLED:
+            engine.add_request([3 + i % 200 for i in range(30)], params)
+            tokens, lps = [], []
+            while engine.has_unfinished():
+                for o in engine.step():
+                    tokens += o.new_token_ids
+                    lps += [(lp.token_id, lp.logprob, lp.top) for lp in o.new_logprobs]
+            outs.append((tokens, lps))
+        return outs, engine.kv_pool.k.clone(), len(calls)
+
+    ref, k_ref, calls_ref = run(0)
+    got, k, calls = run(1)
+    # every decode after the first token (greedy with logprobs too), and the prompt's last token
+    # where the prefix cache served the rest (the 2nd .. 4th request: the same prompt)
+    assert calls_ref == 0 and calls == 4 * 8 + 3
+    assert got == ref
+    assert torch.equal(k, k_ref)
+    assert ref[3][1] and all(len(top) == 2 for _, _, top in ref[3][1])  # the logprobs really came out
