@@ -148,7 +148,10 @@ class KVCacheManager:
             for i in dup:
                 if i >= lo:  # (behind ``lo`` the request's own slot holds no window KV any more)
                     self.swa.adopt(mine[i], tree_slots[i])
-            self.swa.tree_hold(tree_slots[self.swa.keep_from(k):k])
+            # (``window`` positions where still held, not ``window - 1``: a repeat of this very
+            # prompt matches one token less, its last token must run for logits, so it resumes at
+            # k - 1; at a prompt's end the request still holds them, its trim comes after this)
+            self.swa.tree_hold(tree_slots[max(0, k - self.swa.window):k])
         if dup:
             self.allocator.free([mine[i] for i in dup])
         request.slots = tree_slots + mine[k:]

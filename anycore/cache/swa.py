@@ -10,9 +10,9 @@ Holders, each counted once in ``refs[full slot]`` (the window slot is freed when
 - a request holds positions ``lo .. len(slots) - 1`` of its slot list, where ``lo`` grows to
   ``num_computed_tokens - window + 1``: the next query (at ``num_computed_tokens``) and all later
   ones see only keys after ``position - window``, so older positions are never read again;
-- the prefix cache holds the last ``window - 1`` positions of each sequence it was given (the
-  window a request resuming right there needs), droppable oldest first under pressure and
-  dropped when the tree evicts those slots.
+- the prefix cache holds the last ``window`` positions of each sequence it was given (what a
+  request resuming right there, or one token earlier, reads), droppable oldest first under
+  pressure and dropped when the tree evicts those slots.
 
 Invariants (``check``): ``window_of[s] >= 0`` iff ``refs[s] > 0``; no window slot is mapped
 twice; mapped + free window slots = the pool. A prefix hit is usable only up to a length whose
@@ -111,7 +111,8 @@ class WindowSlots:
         return int(cand[cand - prev >= self.window][-1])
 
     def tree_hold(self, full_slots: Sequence[int]) -> None:
-        new = [s for s in full_slots if s not in self.tree_held]
+        """The tree takes a ref on each of these slots that still has window KV."""
+        new = [s for s in full_slots if s not in self.tree_held and self.window_of[s] >= 0]
         self.ref(new)
         self.tree_held.update(dict.fromkeys(new))
 

@@ -142,8 +142,11 @@ class ModelRunner:
         if self.window_of is not None:
             # (columns whose position holds no window KV are behind every query's window, or
             # padding: never read; they point at window slot 0 rather than -1)
-            window_table = np.maximum(self.window_of[slot_table], 0)
+            window_table = self.window_of[slot_table]
             window_mapping = window_table[np.repeat(np.arange(b), n_new), positions]
+            if (window_mapping < 0).any():  # (would overwrite another position's KV: never silently)
+                raise RuntimeError("a new token's KV slot has no window slot (KV manager out of step)")
+            np.maximum(window_table, 0, out=window_table)
         tree_mask = None
         if not out.all_decode and any(s.draft_parents is not None for s in sched):
             positions, tree_mask = self._tree_rows(sched, positions, q_start, n_new)
@@ -200,6 +203,8 @@ class ModelRunner:
     def max_steps(self, limit: int) -> int:
         """Tokens a native greedy decode may run in one call here: ``limit``, or 0 when the
         model cannot run one natively (checked per step: quantization or hooks change it)."""
+        if self.window_of is not None:  # (the native decode writes one pool: not a window pool)
+            return 0
         return limit if limit >= 1 and self.native.can_decode_greedy() else 0
 
     @torch.inference_mode()

@@ -53,16 +53,16 @@ def test_a_long_request_holds_only_its_window_and_gives_the_rest_back():
                 check(s)
             peak = max(peak, m.swa.num_used)
             # the request's own window plus at most the tree's copy of the prompt's last window
-            assert m.swa.num_used <= (W - 1 + budget) + (W - 1 if caching else 0)
+            assert m.swa.num_used <= (W - 1 + budget) + (W if caching else 0)
             if s.running:
-                assert len(held_window(r, m)) <= W - 1 + budget + (W - 1 if caching else 0)
+                assert len(held_window(r, m)) <= W - 1 + budget + (W if caching else 0)
                 if not caching and r.num_computed_tokens >= W:  # between steps: exactly the window
                     assert m.swa.num_used == W - 1
-        assert peak == W - 1 + (W - 1 if caching else 0)
+        assert peak == W - 1 + (W if caching else 0)
         assert len(r.output_token_ids) == 100
         m.check_integrity()
         if caching:  # only the prefix cache's hold on the tail of what it caches stays
-            assert m.swa.num_used == len(m.swa.tree_held) <= 2 * (W - 1)
+            assert m.swa.num_used == len(m.swa.tree_held) <= 2 * W
             assert m.num_used == 299
         else:
             assert m.swa.num_used == 0 and m.num_used == 0
@@ -129,23 +129,26 @@ def test_prefix_hit_stops_where_the_window_kv_before_it_was_freed():
     s.add(a)
     while s.has_unfinished():
         run_step(s)
-    # the tree caches 139 positions; it holds window KV for the last W - 1 of the prompt
+    # the tree caches 139 positions; it holds window KV for the last W of the prompt
     # (published when the prefill ended) and of the whole sequence (published at the finish)
     seq = a.all_token_ids[:139]
     a_slots = m.radix.match_prefix(seq, count=False)[0]
     assert len(a_slots) == 139 and set(m.swa.tree_held) <= set(a_slots)
     held = {i for i, x in enumerate(a_slots) if m.swa.window_of[x] >= 0}
-    assert held == set(range(100 - W + 1, 100)) | set(range(139 - W + 1, 139))
+    # (at the finish the request had already given up position 139 - W: W - 1 there)
+    assert held == set(range(100 - W, 100)) | set(range(139 - W + 1, 139))
 
     # resuming right after the prompt or after the whole sequence: a full hit
     b = req("b", seq[:100] + [7777], max_tokens=4)
     assert m.prefix_match_len(b) == 100
+    # the same prompt again matches one token less (its last one must run for logits): held too
+    assert m.prefix_match_len(req("b2", seq[:100], max_tokens=4)) == 99
     c = req("c", seq + [7777], max_tokens=4)
     assert m.prefix_match_len(c) == 139
     # in between, the window before the resume point is gone: the hit falls back to the prompt
     d = req("d", seq[:120] + [7777], max_tokens=4)
     assert m.prefix_match_len(d) == 100
-    # before the prompt's held tail: nothing before position 85 holds window KV
+    # before the prompt's held tail: nothing before position 84 holds window KV
     e = req("e", seq[:60] + [7777], max_tokens=4)
     assert m.prefix_match_len(e) == 0
     hits = m.radix.hit_tokens
