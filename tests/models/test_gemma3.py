@@ -232,6 +232,23 @@ def test_prefix_hit_inside_a_generated_sequence_resumes_where_the_window_is_held
     llm.engine.kv.check_integrity()
 
 
+def test_speculative_verify_steps_roll_back_window_kv_and_keep_greedy_exact(tiny):
+    """n-gram drafts on repetitive prompts past the window: rejected drafts' window slots go
+    back (nothing left over), and the tokens equal transformers' greedy ones."""
+    folder, model, _ = tiny
+    llm = LLM(model=str(folder), dtype="float32", kv_cache_gb=0.01, speculative_algorithm="ngram",
+              max_num_batched_tokens=6)
+    prompts = [[5, 6, 7, 8, 9] * 6, [40, 41, 42] * 9 + [40]]
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    outs = llm.generate([list(p) for p in prompts], params)
+    stats = llm.engine.stats()
+    assert stats.spec_verify_steps > 0 and stats.spec_draft_tokens > stats.spec_accepted_tokens
+    assert [o.outputs[0].token_ids for o in outs] == [hf_greedy(model, p, 24) for p in prompts]
+    kv = llm.engine.kv
+    kv.check_integrity()
+    assert kv.swa.num_used == len(kv.swa.tree_held) and kv.radix.protected_size == 0
+
+
 def test_logit_softcapping_and_the_older_config_layout(tmp_path, tokenizer):
     """Final-logit soft-capping, read from a config.json in the layout older transformers wrote
     (rope_theta / rope_local_base_freq / rope_scaling, sliding_window_pattern)."""
