@@ -159,6 +159,7 @@ def self_check_section(model: str | None, dtype: str, threads: int | None) -> st
     finally:
         quiet.setLevel(level)
     line = f"self-check  {engine.model_name}: {check.summary()}\n"
+    line += f"            KV layout: {engine.kv_layout}\n"
     if engine.quantization == "gguf":
         from anycore.engine.engine import gguf_summary
 

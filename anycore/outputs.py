@@ -38,6 +38,9 @@ class EngineStats:
     kv_slots_total: int = 0
     kv_slots_used: int = 0  # includes slots owned only by the prefix cache
     kv_slots_cached: int = 0  # evictable prefix-cache slots (reusable, not held by any request)
+    # sliding-window layers' pool (anycore/cache/swa.py): its tokens and those in use; 0: none
+    kv_window_slots_total: int = 0
+    kv_window_slots_used: int = 0
     prefix_queried_tokens: int = 0
     prefix_hit_tokens: int = 0
     num_preemptions: int = 0

@@ -110,6 +110,45 @@ def gguf_summary(model: torch.nn.Module, native_stack: bool) -> str:
             f"{head}, {table}")
 
 
+# the window pool's share of the full pool's token count (see kv_window_split)
+WINDOW_POOL_RATIO = 0.5
+
+
+def kv_window_split(budget: int, num_layers: int, num_window_layers: int, kv_heads: int, head_dim: int,
+                    dtype: torch.dtype, min_window_slots: int) -> tuple[int, int]:
+    """(full-pool tokens, window-pool tokens) that fit ``budget`` bytes.
+
+    Without sliding layers: one pool, every layer's KV per token. With them, the global layers'
+    pool gets N tokens and the sliding layers' window pool WINDOW_POOL_RATIO x N, but at least
+    ``min_window_slots`` (the longest sequence plus one step's tokens, so scoring a whole
+    sequence at once, or a model all of whose requests are short, never waits on the window
+    pool), never more than N. A long request holds ``window - 1`` + one step's positions there,
+    so that pool is sized for many requests, not for their lengths."""
+    if num_window_layers == 0:
+        return budget // KVPool.bytes_per_slot(num_layers, kv_heads, head_dim, dtype), 0
+    full = KVPool.bytes_per_slot(num_layers - num_window_layers, kv_heads, head_dim, dtype)
+    win = KVPool.bytes_per_slot(num_window_layers, kv_heads, head_dim, dtype)
+    n = int(budget // (full + WINDOW_POOL_RATIO * win))
+    w = int(WINDOW_POOL_RATIO * n)
+    if w < min_window_slots:  # (the floor takes more: the full pool gives it back)
+        w = min_window_slots
+        n = (budget - w * win) // full if full else n
+        if n < w:  # (a budget too small for that: both pools as many tokens as one pool held)
+            n = w = budget // (full + win)
+    return n, w
+
+
+def kv_layout(num_layers: int, window_layers: tuple[int, ...], window: int, num_slots: int,
+              num_window_slots: int) -> str:
+    """One line: which layers keep which KV (start-up log, /v1/engine, doctor)."""
+    if not window_layers:
+        return f"{num_layers} layers keep every position's KV: one pool of {num_slots} tokens"
+    full = num_layers - len(window_layers)
+    return (f"{full} global layers keep every position's KV ({num_slots} tokens); {len(window_layers)} "
+            f"sliding-window layers keep only their last {window} positions' (a window pool of "
+            f"{num_window_slots} tokens, freed as the window moves)")
+
+
 class Engine:
     def __init__(self, config: EngineConfig) -> None:
         t0 = time.perf_counter()
@@ -125,12 +164,18 @@ class Engine:
         self.tokenizer = source.tokenizer
         self.model_name = source.path.name
 
-        per_slot = KVPool.bytes_per_slot(mc.num_layers, mc.num_kv_heads, mc.head_dim, self.dtype)
         kv_gb = config.resolved_kv_cache_gb()
-        num_slots = int(kv_gb * (1 << 30)) // per_slot
+        # sliding-window layers keep only their window's KV, in a pool of their own (TP=1; no
+        # sharded model has them): see kv_window_split
+        window_layers = (tuple(i for i, w in enumerate(mc.layer_sliding_windows) if w)
+                         if config.tensor_parallel_size == 1 else ())
+        window = max((mc.layer_sliding_windows[i] for i in window_layers), default=0)
+        max_len = config.max_model_len or mc.max_position_embeddings
+        num_slots, num_window_slots = kv_window_split(
+            int(kv_gb * (1 << 30)), mc.num_layers, len(window_layers), mc.num_kv_heads, mc.head_dim, self.dtype,
+            min(max_len, mc.max_position_embeddings) + config.max_num_batched_tokens)
         if num_slots < 16:
             raise ValueError(f"KV budget {kv_gb} GiB holds only {num_slots} tokens; raise --kv-cache-gb")
-        max_len = config.max_model_len or mc.max_position_embeddings
         if max_len > num_slots:
             log.warning("max_model_len %d exceeds the KV pool (%d tokens); capping it", max_len, num_slots)
             max_len = num_slots
@@ -162,8 +207,10 @@ class Engine:
             from anycore.layers.parallel import shard_llama_family
 
             kv_heads = shard_llama_family(self.model, self.parallel.group)
-        self.kv_pool = KVPool(mc.num_layers, num_slots, kv_heads, mc.head_dim, self.dtype)
-        self.kv = KVCacheManager(num_slots, config.enable_prefix_caching)
+        self.kv_pool = KVPool(mc.num_layers, num_slots, kv_heads, mc.head_dim, self.dtype, window_layers,
+                              num_window_slots)
+        self.kv = KVCacheManager(num_slots, config.enable_prefix_caching, window or None, num_window_slots)
+        self.kv_layout = kv_layout(mc.num_layers, window_layers, window, num_slots, num_window_slots)
         spec = config.speculative_config()
         self.speculator: Speculator | None = None
         if spec is not None and spec.algorithm == "draft":
@@ -180,7 +227,8 @@ class Engine:
             self.speculator = Speculator(spec)
         self.scheduler = Scheduler(self.kv, config.max_num_batched_tokens, config.max_num_seqs, config.policy,
                                    self.speculator)
-        self.runner = ModelRunner(self._runner_model(), self.kv_pool, self.ops)
+        self.runner = ModelRunner(self._runner_model(), self.kv_pool, self.ops,
+                                  self.kv.swa.window_of if self.kv.swa is not None else None)
         self.runner.native_single_step = config.decode_burst != 0
         if self.parallel is not None:  # (no native stack nor native greedy decode: no collectives in them)
             self.runner.native.enabled = False
@@ -223,6 +271,7 @@ class Engine:
             self.num_params / 1e6, config.dtype, self.quantization or "none", kv_gb, num_slots, max_len,
             time.perf_counter() - t0,
         )
+        log.info("KV layout: %s", self.kv_layout)
         log.info("kernels: %s", ", ".join(f"{k}={v}" for k, v in self.ops.choices.items()))
         if mc.moe is not None:
             log.info("Mixture of Experts: %d of %d layers sparse, %d experts, top-%d; each sparse layer's experts "
@@ -307,6 +356,8 @@ class Engine:
             kv_slots_total=kv.num_slots,
             kv_slots_used=kv.num_used,
             kv_slots_cached=radix.evictable_size if radix is not None else 0,
+            kv_window_slots_total=kv.swa.num_slots if kv.swa is not None else 0,
+            kv_window_slots_used=kv.swa.num_used if kv.swa is not None else 0,
             prefix_queried_tokens=radix.queried_tokens if radix is not None else 0,
             prefix_hit_tokens=radix.hit_tokens if radix is not None else 0,
             num_preemptions=self.scheduler.num_preemptions,
@@ -413,5 +464,5 @@ class Engine:
                 out = SchedulerOutput([ScheduledRequest(req, start, n, True)])
                 pieces.append(self.runner.prompt_logits(out).log_softmax(dim=-1))
         finally:
-            self.kv.allocator.free(slots)
+            self.kv.free(slots)
         return torch.cat(pieces)

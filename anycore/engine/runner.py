@@ -24,6 +24,11 @@ from anycore.spec.tree import ancestor_mask
 class KVPool:
     """K and V for every layer: ``[num_layers, num_slots, num_kv_heads, head_dim]`` each.
 
+    With ``window_layers`` (the sliding-window layers' indices) and ``num_window_slots``, those
+    layers' K/V live in a second pool, ``k_window``/``v_window`` ``[len(window_layers),
+    num_window_slots, ...]``, indexed by window slots (anycore/cache/swa.py), and ``k``/``v`` hold
+    only the other (global) layers. ``k_layers``/``v_layers`` are the per-layer views either way.
+
     Backed by private anonymous memory mappings, which the kernel fills with zeros lazily: a
     page costs resident memory only once a K/V row on it is written, so RSS follows the slots in
     use (the allocator hands out low slot ids first), not the ``--kv-cache-gb`` budget, which
@@ -32,10 +37,22 @@ class KVPool:
     (torch-native decode points those at slot 0) multiplies finite values by a zero weight.
     """
 
-    def __init__(self, num_layers: int, num_slots: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype):
-        shape = (num_layers, num_slots, num_kv_heads, head_dim)
-        self.k = lazy_zeros(shape, dtype)
-        self.v = lazy_zeros(shape, dtype)
+    def __init__(self, num_layers: int, num_slots: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
+                 window_layers: tuple[int, ...] = (), num_window_slots: int = 0):
+        self.window_layers = window_layers
+        full = [i for i in range(num_layers) if i not in window_layers]
+        self.k = lazy_zeros((len(full), num_slots, num_kv_heads, head_dim), dtype)
+        self.v = lazy_zeros((len(full), num_slots, num_kv_heads, head_dim), dtype)
+        self.k_layers: list[torch.Tensor] = [None] * num_layers  # type: ignore[list-item]
+        self.v_layers: list[torch.Tensor] = [None] * num_layers  # type: ignore[list-item]
+        for j, i in enumerate(full):
+            self.k_layers[i], self.v_layers[i] = self.k[j], self.v[j]
+        self.k_window = self.v_window = None
+        if window_layers:
+            shape = (len(window_layers), num_window_slots, num_kv_heads, head_dim)
+            self.k_window, self.v_window = lazy_zeros(shape, dtype), lazy_zeros(shape, dtype)
+            for j, i in enumerate(window_layers):
+                self.k_layers[i], self.v_layers[i] = self.k_window[j], self.v_window[j]
 
     def discard(self) -> None:
         """Returns every written page to the OS; the pool reads as zeros again, as when new.
@@ -43,8 +60,9 @@ class KVPool:
         Only for a pool no request holds slots in (nothing cached either): the engine calls it
         after online quantization, whose calibration windows wrote K/V (SmolLM2-135M: 11 MB of
         pages that would otherwise stay resident for good)."""
-        for t in (self.k, self.v):
-            discard_pages(t)
+        for t in (self.k, self.v, self.k_window, self.v_window):
+            if t is not None:
+                discard_pages(t)
 
     @staticmethod
     def bytes_per_slot(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
@@ -78,12 +96,15 @@ class ModelRunner:
     """Turns a SchedulerOutput into tokens: the batch's tensors, the forward (op by op or the
     native path the executor picks), the logits head and the sampler."""
 
-    def __init__(self, model: nn.Module, kv: KVPool, ops: KernelOps) -> None:
+    def __init__(self, model: nn.Module, kv: KVPool, ops: KernelOps, window_of: np.ndarray | None = None) -> None:
+        """``window_of``: full slot -> window slot (-1: none), the KV manager's live map
+        (anycore/cache/swa.py), when ``kv`` keeps sliding layers in a window pool."""
         self.model = model
         self.kv = kv
         self.native = NativeExecutor(model, ops)
-        self.k_layers = list(kv.k.unbind(0))  # per-layer views of the pool
-        self.v_layers = list(kv.v.unbind(0))
+        self.k_layers = kv.k_layers  # per-layer views of the pool(s)
+        self.v_layers = kv.v_layers
+        self.window_of = window_of
         self.slot_rows = SlotRows()
         # target hidden states an EAGLE head drafts from (ForwardBatch.capture_layers); None: off.
         # After each step ``features`` holds (q_start_loc, captured rows) of the batch.
@@ -121,6 +142,15 @@ class ModelRunner:
                     input_ids[q_start[i] : q_start[i + 1]] = s.request.all_token_ids[s.start : s.start + s.num_new_tokens]
         slot_table = self._slot_table(sched, seq_lens)
         slot_mapping = slot_table[np.repeat(np.arange(b), n_new), positions]
+        window_table = window_mapping = None
+        if self.window_of is not None:
+            # (columns whose position holds no window KV are behind every query's window, or
+            # padding: never read; they point at window slot 0 rather than -1)
+            window_table = self.window_of[slot_table]
+            window_mapping = window_table[np.repeat(np.arange(b), n_new), positions]
+            if (window_mapping < 0).any():  # (would overwrite another position's KV: never silently)
+                raise RuntimeError("a new token's KV slot has no window slot (KV manager out of step)")
+            np.maximum(window_table, 0, out=window_table)
         tree_mask = None
         if not out.all_decode and any(s.draft_parents is not None for s in sched):
             positions, tree_mask = self._tree_rows(sched, positions, q_start, n_new)
@@ -137,9 +167,11 @@ class ModelRunner:
             logits_indices=t(np.ascontiguousarray(logits_indices)),
             k_cache=self.k_layers,
             v_cache=self.v_layers,
-            k_pool=self.kv.k,
-            v_pool=self.kv.v,
+            k_pool=self.kv.k if window_table is None else None,
+            v_pool=self.kv.v if window_table is None else None,
             tree_mask=tree_mask,
+            window_slot_mapping=None if window_mapping is None else t(window_mapping),
+            window_slot_table=None if window_table is None else t(window_table),
         )
 
     @staticmethod
@@ -175,6 +207,8 @@ class ModelRunner:
     def max_steps(self, limit: int) -> int:
         """Tokens a native greedy decode may run in one call here: ``limit``, or 0 when the
         model cannot run one natively (checked per step: quantization or hooks change it)."""
+        if self.window_of is not None:  # (the native decode writes one pool: not a window pool)
+            return 0
         return limit if limit >= 1 and self.native.can_decode_greedy() else 0
 
     @torch.inference_mode()
@@ -223,7 +257,7 @@ class ModelRunner:
         prompt logprobs, no hidden states captured for a draft head)."""
         return (self.native_single_step and s.sample and s.num_new_tokens == 1 and not s.draft_tokens
                 and not s.request.needs_prompt_logprobs and self.capture_layers is None
-                and self.native.can_decode_greedy())
+                and self.max_steps(1) == 1)  # (the native decode's own conditions)
 
     def _sample_alone(self, s: ScheduledRequest):
         """The native step's logits (the bits forward + logits head give this one-token batch),

@@ -43,3 +43,8 @@ class ForwardBatch:
     # request each row sees (the tree_attention op; causal rows for the other requests)
     tree_mask: torch.Tensor | None = None
     captured: torch.Tensor | None = None
+    # sliding-window layers kept in a window pool (anycore/cache/swa.py): ``slot_mapping`` and
+    # ``slot_table`` translated to window slots (entries behind every query's window point at
+    # slot 0 and are never read); None: sliding layers share the full pool's slots
+    window_slot_mapping: torch.Tensor | None = None
+    window_slot_table: torch.Tensor | None = None

@@ -17,18 +17,13 @@ before attention and one before the MLP, SiLU, unwindowed attention, (x * w) nor
 express these layers, so ``native_layers()`` returns None and the NativeExecutor runs this model
 op by op (the engine logs it, ``anycore doctor`` says which architectures do).
 
-Sliding layers and the KV pool. What holds: a sliding layer's attention reads only the K/V of
-the last ``sliding_window`` positions: ``paged_attention_window`` gathers only those slots, and
-a decode-only batch runs the plain ``paged_attention`` op (native where available) over a slot
-table cut to each request's window (``anycore.layers.attention.decode_window_view``). What does not: their older K/V is not freed. A slot is one
-position in *every* layer of the pool (``[layers, slots, kv_heads, head_dim]``), and the global
-layers need every position, so no slot can be released while its request lives. Freeing the
-sliding layers' share would take a second pool for those layers with its own allocator and a
-second slot table per request (a ring of ``sliding_window`` slots), two budgets in the
-scheduler, and a prefix cache that knows which cached prefixes still hold the sliding layers'
-last window (a prefix hit can only resume where that window is still present). For Gemma 3
-270M (15 sliding layers of 18, window 512) that would cut the bf16 KV of a 32k-token sequence
-from 576 MiB to about 104 MiB.
+Sliding layers and the KV pool: a sliding layer's attention reads only the K/V of the last
+``sliding_window`` positions (``paged_attention_window`` gathers only those slots, and a
+decode-only batch runs the plain ``paged_attention`` op over a slot table cut to each request's
+window, ``anycore.layers.attention.decode_window_view``), and keeps only those: the engine gives
+the sliding layers a window pool of their own, whose slots go back as the window moves
+(anycore/cache/swa.py; the attention layer picks the window pool's slot table for them). This
+file needs nothing for it beyond declaring which layers slide (``layer_sliding_windows``).
 """
 
 from __future__ import annotations

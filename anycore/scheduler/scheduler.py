@@ -283,6 +283,7 @@ class Scheduler:
                 # publish the prompt's KV now so concurrent requests with this prefix reuse it
                 self.kv.cache_prefix(req)
                 req.prefill_cached = True
+            self.kv.trim_window(req)  # (sliding layers: window KV behind every later query goes back)
             if not req.wants_output and req.num_computed_tokens >= req.num_prompt_tokens:
                 self.finish(req, "length")  # max_tokens=0: the prompt (and its logprobs) was all it wanted
                 progressed.append((req, []))
@@ -307,6 +308,8 @@ class Scheduler:
                     break
             if not req.is_finished and len(req.slots) > req.num_computed_tokens:
                 self._roll_back(req)
+            if not req.is_finished:
+                self.kv.trim_window(req)
             progressed.append((req, kept))
         return progressed
 
@@ -316,7 +319,7 @@ class Scheduler:
         positions). The list is replaced, not cut in place: the runner's SlotRows mirror a slot
         list only while it grows (engine/slot_rows.py)."""
         k = req.num_computed_tokens
-        self.kv.allocator.free(req.slots[k:])
+        self.kv.free(req.slots[k:])
         req.slots = req.slots[:k]
 
     def finish(self, req: Request, reason: str) -> None:

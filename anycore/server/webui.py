@@ -81,7 +81,10 @@ def engine_info(ctx: ServerContext) -> dict[str, Any]:
         "requests": {"running": stats.num_running, "waiting": stats.num_waiting, "queued": ae.num_queued},
         "kv": {"slots_total": total, "slots_used": stats.kv_slots_used, "slots_held": stats.kv_slots_held,
                "slots_cached": stats.kv_slots_cached,
-               "usage": stats.kv_slots_held / total if total else 0.0},
+               "usage": stats.kv_slots_held / total if total else 0.0,
+               # sliding-window layers' own pool (0 and 0 when every layer keeps every position)
+               "window_slots_total": stats.kv_window_slots_total, "window_slots_used": stats.kv_window_slots_used,
+               "layout": None},
         "prefix_cache": {"enabled": ae.config.enable_prefix_caching, "queried_tokens": queried,
                          "hit_tokens": stats.prefix_hit_tokens,
                          "hit_rate": stats.prefix_hit_tokens / queried if queried else 0.0},
@@ -98,6 +101,7 @@ def engine_info(ctx: ServerContext) -> dict[str, Any]:
         # which the engine thread alone touches; the live numbers above are its stats snapshot
         eng = ae.engine
         ops = eng.ops
+        info["kv"]["layout"] = eng.kv_layout  # which layers keep which KV (anycore/engine/engine.py kv_layout)
         info.update({
             "model_file": eng.model_name, "architecture": eng.model_config.architecture,
             "num_params": eng.num_params, "dtype": str(eng.dtype).removeprefix("torch."),

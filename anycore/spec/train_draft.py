@@ -50,7 +50,7 @@ def target_features(llm: LLM, tokens: list[int]) -> tuple[torch.Tensor, torch.Te
             batch.logits_indices = torch.arange(n)
             hidden.append(engine.model(batch, None).float())
     finally:
-        engine.kv.allocator.free(slots)
+        engine.kv.free(slots)
     h = torch.cat(hidden)
     return h, engine.model.compute_logits(h.to(engine.dtype)).argmax(dim=-1)
 

@@ -138,6 +138,117 @@ def test_prefix_cache_hit_gives_the_same_tokens(tiny, expected):
     assert llm.generate([list(ids)], GREEDY)[0].outputs[0].token_ids == ref
 
 
+def _window_pool_of(llm, num_window_slots):
+    """Gives the engine a window pool of ``num_window_slots`` (a fresh KV manager over the same
+    pool tensors, which hold more: only the first ids are handed out); returns the old manager."""
+    from anycore.cache.manager import KVCacheManager
+
+    e = llm.engine
+    old = e.kv
+    assert not e.scheduler.has_unfinished()
+    e.kv = e.scheduler.kv = KVCacheManager(old.num_slots, old.radix is not None, old.swa.window, num_window_slots)
+    e.runner.window_of = e.kv.swa.window_of
+    return old
+
+
+def test_sliding_layers_keep_their_kv_in_a_window_pool(tiny):
+    _, _, llm = tiny
+    e = llm.engine
+    pool, swa = e.kv_pool, e.kv.swa
+    assert swa is not None and swa.window == WINDOW
+    assert pool.window_layers == (0, 1, 3)
+    assert pool.k.shape[0] == 1 and pool.k_window.shape[:2] == (3, swa.num_slots)
+    assert pool.k_layers[2].data_ptr() == pool.k.data_ptr()
+    assert pool.k_layers[3].data_ptr() == pool.k_window[2].data_ptr()
+    assert "3 sliding-window layers keep only their last 8 positions'" in e.kv_layout
+    stats = e.stats()
+    assert stats.kv_window_slots_total == swa.num_slots and stats.kv_window_slots_used == len(swa.tree_held)
+
+
+def test_a_long_generation_holds_only_the_window_and_reuses_freed_window_slots(tiny):
+    """A window pool of 3 windows plus a 5-token chunk serves a 50-token prompt and 40 new tokens
+    (90 positions), chunked, next to a second request: freed window slots are written again,
+    and the tokens still equal transformers'."""
+    _, model, llm = tiny
+    e = llm.engine
+    chunk = 5
+    old = _window_pool_of(llm, 3 * WINDOW + chunk)
+    sched = e.scheduler
+    saved = sched.max_num_batched_tokens
+    sched.max_num_batched_tokens = chunk
+    e.kv.radix = None  # (no prefix cache: the bound below is the requests' windows alone)
+    try:
+        params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+        ids = [e.add_request(list(PROMPTS[2]), params), e.add_request(list(PROMPTS[3]), params)]
+        tokens = {i: [] for i in ids}
+        assignments = set()  # (full slot, window slot) pairs seen between steps
+        while e.has_unfinished():
+            for o in e.step():
+                tokens[o.request_id] += o.new_token_ids
+            e.kv.check_integrity()
+            held = (e.kv.swa.window_of >= 0).nonzero()[0]
+            assignments |= set(zip(held.tolist(), e.kv.swa.window_of[held].tolist()))
+            # two requests, each its last WINDOW - 1 positions between steps
+            assert e.kv.swa.num_used <= 2 * (WINDOW - 1)
+        assert sched.num_preemptions == 0
+        assert len(assignments) > e.kv.swa.num_slots  # window slots were handed out again
+        assert e.kv.swa.num_used == 0 and e.kv.num_used == 0
+        assert tokens[ids[0]] == hf_greedy(model, PROMPTS[2], 40)
+        assert tokens[ids[1]] == hf_greedy(model, PROMPTS[3], 40)
+    finally:
+        sched.max_num_batched_tokens = saved
+        e.kv = sched.kv = old
+        e.runner.window_of = old.swa.window_of
+
+
+def test_abort_gives_every_window_slot_back(tiny):
+    _, _, llm = tiny
+    e = llm.engine
+    before = e.kv.swa.num_used - len(e.kv.swa.tree_held)
+    rid = e.add_request(list(range(100, 140)), SamplingParams(temperature=0, max_tokens=50, ignore_eos=True))
+    for _ in range(6):
+        e.step()
+    assert e.kv.swa.num_used > len(e.kv.swa.tree_held)
+    e.abort(rid)
+    assert not e.has_unfinished()
+    e.kv.check_integrity()
+    assert e.kv.swa.num_used - len(e.kv.swa.tree_held) == before == 0
+    assert e.kv.radix.protected_size == 0
+
+
+def test_prefix_hit_inside_a_generated_sequence_resumes_where_the_window_is_held(tiny):
+    """The tree holds window KV only for the last WINDOW - 1 positions of what it cached: a
+    prompt that continues 10 tokens into an earlier answer resumes after the earlier prompt
+    (whose window tail the tree kept), not at its full match, and still equals transformers."""
+    _, model, llm = tiny
+    radix = llm.engine.kv.radix
+    ids = [200 + i % 40 for i in range(30)]
+    first = llm.generate([list(ids)], GREEDY)[0].outputs[0].token_ids
+    follow = list(ids) + first[:10] + [77]
+    hits = radix.hit_tokens
+    out = llm.generate([follow], SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))[0]
+    assert radix.hit_tokens - hits == len(ids)  # (the full match is 40: its window KV is gone)
+    assert out.outputs[0].token_ids == hf_greedy(model, follow, 6)
+    llm.engine.kv.check_integrity()
+
+
+def test_speculative_verify_steps_roll_back_window_kv_and_keep_greedy_exact(tiny):
+    """n-gram drafts on repetitive prompts past the window: rejected drafts' window slots go
+    back (nothing left over), and the tokens equal transformers' greedy ones."""
+    folder, model, _ = tiny
+    llm = LLM(model=str(folder), dtype="float32", kv_cache_gb=0.01, speculative_algorithm="ngram",
+              max_num_batched_tokens=6)
+    prompts = [[5, 6, 7, 8, 9] * 6, [40, 41, 42] * 9 + [40]]
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    outs = llm.generate([list(p) for p in prompts], params)
+    stats = llm.engine.stats()
+    assert stats.spec_verify_steps > 0 and stats.spec_draft_tokens > stats.spec_accepted_tokens
+    assert [o.outputs[0].token_ids for o in outs] == [hf_greedy(model, p, 24) for p in prompts]
+    kv = llm.engine.kv
+    kv.check_integrity()
+    assert kv.swa.num_used == len(kv.swa.tree_held) and kv.radix.protected_size == 0
+
+
 def test_logit_softcapping_and_the_older_config_layout(tmp_path, tokenizer):
     """Final-logit soft-capping, read from a config.json in the layout older transformers wrote
     (rope_theta / rope_local_base_freq / rope_scaling, sliding_window_pattern)."""

@@ -90,7 +90,7 @@ def test_prompt_logits_match_transformers(llm, hf, prompts):
     try:
         ours = engine.runner.prompt_logits(SchedulerOutput([ScheduledRequest(req, 0, len(ids), True)]))
     finally:
-        engine.kv.allocator.free(req.slots)
+        engine.kv.free(req.slots)
     with torch.no_grad():
         ref = hf(torch.tensor([ids])).logits[0]
     assert (ours - ref).abs().max() < 2e-3
@@ -113,3 +113,36 @@ def test_locator_assembles_once_without_partial_files(tmp_path, monkeypatch):
         f.write(b"\0" * 16)
     with pytest.raises(FileExistsError, match="unexpected sha256"):
         gemma3_path()
+
+
+def test_sliding_layers_hold_only_their_window_and_a_repeat_hits_the_prefix_cache(llm, prompts, expected):
+    """The long prompt (past the 512-token window) in 96-token chunks: between steps the request
+    itself holds window KV for at most 511 positions (its own, beside the prefix cache's tails),
+    every global layer every position; the same prompt again hits all but its last token and
+    still equals transformers."""
+    e, ids = llm.engine, prompts[-1]
+    swa, radix = e.kv.swa, e.kv.radix
+    assert swa is not None and swa.window == 512 and e.kv_pool.window_layers == tuple(
+        i for i in range(18) if i % 6 != 5)
+    sched = e.scheduler
+    saved = sched.max_num_batched_tokens
+    sched.max_num_batched_tokens = 96
+    try:
+        rid = e.add_request(list(ids), GREEDY)
+        req, tokens, most = e._requests[rid], [], 0
+        while e.has_unfinished():
+            for o in e.step():
+                tokens += o.new_token_ids
+            if not req.is_finished:
+                own = [s for s in req.slots if swa.window_of[s] >= 0 and s not in swa.tree_held]
+                most = max(most, len(own))
+                assert len(own) <= 511 and len(req.slots) == req.num_computed_tokens
+            e.kv.check_integrity()
+        assert tokens == expected[-1] and most > 0
+        hits = radix.hit_tokens
+        again = llm.generate([list(ids)], GREEDY)[0]
+        assert radix.hit_tokens - hits == len(ids) - 1
+        assert again.token_ids == expected[-1]
+    finally:
+        sched.max_num_batched_tokens = saved
+    assert swa.num_used == len(swa.tree_held) and radix.protected_size == 0

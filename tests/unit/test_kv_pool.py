@@ -64,3 +64,25 @@ def test_discard_returns_written_pages_and_reads_zero():
     assert torch.count_nonzero(pool.k) == 0 and torch.count_nonzero(pool.v) == 0
     pool.k[0, 7].fill_(3.0)  # still writable, through the same tensors (views taken before stay valid)
     assert pool.k.float().sum().item() == 3.0 * 4 * 64
+
+
+def test_kv_pool_with_a_window_pool_splits_layers_and_sizes():
+    from anycore.engine.engine import kv_window_split
+
+    pool = KVPool(num_layers=4, num_slots=64, num_kv_heads=2, head_dim=8, dtype=torch.float32,
+                  window_layers=(0, 1, 3), num_window_slots=16)
+    assert pool.k.shape == (1, 64, 2, 8) and pool.k_window.shape == pool.v_window.shape == (3, 16, 2, 8)
+    assert [t.shape[0] for t in pool.k_layers] == [16, 16, 64, 16]
+    pool.k_layers[3][5].fill_(2.0)
+    assert pool.k_window[2, 5].sum() == 32 and torch.count_nonzero(pool.k) == 0
+    pool.discard()
+    assert torch.count_nonzero(pool.k_window) == 0
+    # one pool without sliding layers; with them the global layers' pool grows and the window
+    # pool holds half as many tokens, but never fewer than the floor asked for
+    per = KVPool.bytes_per_slot(1, 1, 256, torch.bfloat16)
+    assert kv_window_split(18 * per * 1000, 18, 0, 1, 256, torch.bfloat16, 0) == (1000, 0)
+    n, w = kv_window_split(18 * per * 1000, 18, 15, 1, 256, torch.bfloat16, 100)
+    assert (n, w) == (1714, 857) and 3 * n + 15 * w <= 18 * 1000
+    # (the floor: the global pool shrinks to fit it; too high a floor: one pool's token count)
+    assert kv_window_split(18 * per * 1000, 18, 15, 1, 256, torch.bfloat16, 900) == (1500, 900)
+    assert kv_window_split(18 * per * 1000, 18, 15, 1, 256, torch.bfloat16, 5000) == (1000, 1000)
