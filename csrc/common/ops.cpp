@@ -145,7 +145,8 @@ at::Tensor run_attention(const at::Tensor& q, const at::Tensor& k, const at::Ten
               "q_start_loc must be [batch+1], slot_table [batch, max_len]");
   const int64_t* st = starts.data_ptr<int64_t>();
   const int64_t* ln = lens.data_ptr<int64_t>();
-  AttentionPlan plan = plan_attention(st, ln, batch, H, KV, table2.size(1), T, splits, at::get_num_threads());
+  AttentionPlan plan = plan_attention(st, ln, batch, H, KV, table2.size(1), T, splits, at::get_num_threads(),
+                                      /*prefill_splits=*/mask == nullptr);
   at::Tensor mask_bytes;
   if (mask != nullptr) {
     TORCH_CHECK(mask->scalar_type() == at::kBool && mask->dim() == 2 && mask->size(0) == T,

@@ -83,6 +83,32 @@ def test_split_k(impl, dtype, splits, tol):
         torch.testing.assert_close(out, reference.paged_attention(*args), **tol(dtype))
 
 
+@pytest.mark.parametrize("dtype", DT)
+def test_short_extend_over_a_long_prefix_splits_its_keys(impl, dtype, tol):
+    """A prefill-shaped extend whose items do not share out evenly (20 new tokens over 600
+    cached keys, 3 kv heads: 3 items on 2 threads) is split in 2 key ranges, as a forced
+    splits=2 call computes it; on 1 thread, or with a decode-shaped multi-token request in the
+    batch (a verify keeps plain decoding's unsplit rows), it is not split."""
+    if impl == "torch-native":
+        pytest.skip("split-K is a native-kernel path")
+    idx = load_extension().variants.index(impl)
+    op = torch.ops.anycore.paged_attention
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        extend = _case([(620, 20)], 3, 3, 64, dtype)
+        auto = op(*extend, idx, 0)
+        assert torch.equal(auto, op(*extend, idx, 2))
+        torch.testing.assert_close(auto, reference.paged_attention(*extend), **tol(dtype))
+        # one item each (1 kv head): 3 on 2 threads, which would split without the 4-token verify
+        with_verify = _case([(620, 20), (300, 4), (100, 1)], 1, 3, 64, dtype)
+        assert torch.equal(op(*with_verify, idx, 0), op(*with_verify, idx, 1))
+        torch.set_num_threads(1)
+        assert torch.equal(op(*extend, idx, 0), op(*extend, idx, 1))
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_empty_request_in_batch(kernel, tol):
     args = _case([(5, 2), (8, 0), (3, 3)], 1, 2, 64, torch.float32)
     torch.testing.assert_close(kernel(*args), reference.paged_attention(*args), **tol(torch.float32))

@@ -226,22 +226,24 @@ def test_shared_prefix_sends_the_prompts_it_claims():
         reqs = srv.record.requests
         assert srv.record.max_in_flight <= conc
     prompts = [q["prompt"] for q in reqs]
-    assert len(prompts) == 1 + num + 1  # cold, the shared wave, one more alone
+    assert len(prompts) == 1 + 1 + num + 1  # cold, the prefix primed alone, the shared wave, one more alone
     assert all(len(p) == prefix_len + suffix_len for p in prompts)
     assert all(q["max_tokens"] == max_tokens and q["stream"] and q["ignore_eos"] for q in reqs)
-    cold, shared, alone = prompts[0], prompts[1:-1], prompts[-1]
-    prefix = shared[0][:prefix_len]
+    cold, prime, shared, alone = prompts[0], prompts[1], prompts[2:-1], prompts[-1]
+    prefix = prime[:prefix_len]
     assert all(p[:prefix_len] == prefix for p in shared + [alone])  # one identical prefix
-    suffixes = {tuple(p[prefix_len:]) for p in shared + [alone]}
-    assert len(suffixes) == num + 1  # every suffix different
+    suffixes = {tuple(p[prefix_len:]) for p in [prime] + shared + [alone]}
+    assert len(suffixes) == num + 2  # every suffix different
     assert cold[:prefix_len] != prefix  # the cold prompt shares nothing with it
     # results: one TTFT per shared request, each at least the injected delay; the cached ones are fast
     assert len(r["shared_ttft_s"]) == num
     assert r["shared_ttft_p50_s"] == pytest.approx(statistics.median(r["shared_ttft_s"]))
     assert r["shared_first_wave_ttft_s"] == pytest.approx(statistics.fmean(r["shared_ttft_s"][:conc]))
     cold_delay = 0.002 + 0.0005 * (prefix_len + suffix_len)
-    assert r["cold_ttft_s"] >= cold_delay * SLACK
+    assert r["cold_ttft_s"] >= cold_delay * SLACK and r["prime_ttft_s"] >= cold_delay * SLACK  # (nothing cached yet)
     assert min(r["shared_ttft_s"]) >= 0.002 * SLACK and r["alone_ttft_s"] >= 0.002 * SLACK
+    # the prefix was cached before the wave: even its first requests pay only their suffix
+    assert max(r["shared_ttft_s"]) < cold_delay * SLACK
     assert r["alone_ttft_s"] < r["cold_ttft_s"]  # 20 uncached tokens vs 1,012 (12 ms vs 508 ms injected)
 
 
@@ -250,7 +252,7 @@ def test_shared_prefix_differs_between_seeds():
         with FakeOpenAIServer(Behaviour(first_token_delay=0.001, token_delay=0.001)) as srv:
             serve_workloads.shared_prefix(srv.url, seed=seed, prefix_len=64, suffix_len=4, num=4, concurrency=2,
                                           max_tokens=2)
-            return srv.record.requests[1]["prompt"][:64]
+            return srv.record.requests[2]["prompt"][:64]
 
     assert first_prefix(500) == first_prefix(500)
     assert first_prefix(500) != first_prefix(501)  # repeats never hit an earlier repeat's cache

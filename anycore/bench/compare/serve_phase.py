@@ -131,4 +131,8 @@ def shared_prefix(ctx: CompareContext, started: list[servers.Server]) -> None:
         if runs:
             loads = [ld for _, ld in runs]
             for key, title in PREFIX_CELLS:
-                ctx.results.add(title, s.name, "s", False, [r[key] for r, _ in runs], loads)
+                extra = {}
+                if key == "shared_ttft_p50_s":  # each repeat's TTFTs in send order, and its priming request's
+                    extra = {"ttft_s": [r["shared_ttft_s"] for r, _ in runs],
+                             "prime_ttft_s": [r["prime_ttft_s"] for r, _ in runs]}
+                ctx.results.add(title, s.name, "s", False, [r[key] for r, _ in runs], loads, **extra)
