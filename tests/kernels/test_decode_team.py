@@ -14,6 +14,7 @@ import torch
 
 from anycore import LLM, SamplingParams
 from tests.models.test_tiny_models import _configs, write_checkpoint
+from tests.native_support import skip_unless_native, team_ops
 
 
 @pytest.fixture
@@ -27,6 +28,7 @@ def _decode(model_dir: str, threads: int, quantization: str | None):
     llm = LLM(model=model_dir, dtype="bfloat16", kv_cache_gb=0.01, threads=threads, quantization=quantization)
     if llm.engine.ops.decoder_stack is None:
         pytest.skip("no fused decoder stack here (extension unavailable or some op not native)")
+    skip_unless_native(llm.engine, team_ops(quantization), "the decode team")
     # 300 prompt tokens: past 4 key blocks per split, so 3 threads over 2 KV heads split the keys
     prompt = [3 + i % 250 for i in range(300)]
     params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True, logprobs=2)

@@ -18,6 +18,7 @@ from anycore import LLM, SamplingParams
 from tests.models.test_moe_models import _configs as moe_configs
 from tests.models.test_moe_models import write_checkpoint as write_moe_checkpoint
 from tests.models.test_tiny_models import _configs, write_checkpoint
+from tests.native_support import skip_unless_native, stack_ops
 
 
 def _set_mode(llm: LLM, mode: str, stack_fn=None) -> None:
@@ -44,7 +45,7 @@ def _run(llm: LLM):
 @pytest.mark.parametrize("name", sorted(_configs()))
 def test_native_stack_is_bit_identical(tmp_path, tokenizer, name, dtype, quantization):
     write_checkpoint(tmp_path, name, tokenizer)
-    _compare_paths(tmp_path, dtype, quantization)
+    _compare_paths(tmp_path, dtype, quantization, stack_ops(quantization))
 
 
 @pytest.mark.parametrize("quantization", [None, "w8a8_int8"])
@@ -54,16 +55,17 @@ def test_native_stack_runs_moe_layers_bit_identically(tmp_path, tokenizer, name,
     """Sparse layers in the stack's slots (router, fused_moe / fused_moe_w8a8 experts, Qwen2-MoE's
     gated shared expert, OLMoE's whole-projection q/k norms), dense layers between them."""
     write_moe_checkpoint(tmp_path, name, tokenizer)
-    _compare_paths(tmp_path, dtype, quantization)
+    _compare_paths(tmp_path, dtype, quantization, stack_ops(quantization, moe=True))
 
 
-def _compare_paths(tmp_path, dtype: str, quantization: str | None) -> None:
+def _compare_paths(tmp_path, dtype: str, quantization: str | None, needs: list[str]) -> None:
     results = {}
     for mode in ("stack", "off"):
         llm = LLM(model=str(tmp_path), dtype=dtype, kv_cache_gb=0.01, quantization=quantization)
         ops, native = llm.engine.ops, llm.engine.runner.native
         if ops.decoder_stack is None:
             pytest.skip("no native decoder stack here (extension unavailable or some op not native)")
+        skip_unless_native(llm.engine, needs, "the native stack of this model")
         assert native.stack(llm.engine.dtype) is not None
         calls = [0]
 

@@ -39,7 +39,8 @@ def test_next_token_logprobs_agree_with_score(llm_fp32):
     assert full.shape == (len(ids), llm_fp32.engine.model_config.vocab_size)
     gathered = full[:-1].gather(1, torch.tensor(ids[1:])[:, None])[:, 0]
     torch.testing.assert_close(gathered, llm_fp32.engine.score(ids))
-    torch.testing.assert_close(full.exp().sum(-1), torch.ones(len(ids)))
+    # a sum of 49,152 fp32 probabilities: 1 to its rounding (1.6e-5 off seen on an AVX2-only Zen 3)
+    torch.testing.assert_close(full.exp().sum(-1), torch.ones(len(ids)), rtol=0, atol=1e-4)
 
 
 @pytest.mark.slow

@@ -78,8 +78,17 @@ def test_greedy_starts_like_bf16(llm_gguf):
                for p in (" The capital of France is", "\n\ndef fibonacci(n):\n    ")]
     params = SamplingParams(temperature=0.0, max_tokens=steps, ignore_eos=True)
     ours = [o.outputs[0].token_ids for o in llm_gguf.generate(prompts, params)]
+    # A near tie may go either way: the decode's one-row int8 activations and the reference's
+    # dequantized bf16 GEMM round differently (seen on a Zen 3, AVX2: a 0.029 log-prob gap between
+    # the reference's top two). Where ours differs, it must be the reference's runner-up within
+    # TIE of the top; the two continuations then diverge, so the comparison ends there.
+    tie = 0.05
     for prompt, got in zip(prompts, ours):
         seq = list(prompt)
-        for _ in range(steps):
-            seq.append(int(score(llm_gguf, seq, len(seq))[-1].argmax()))
-        assert got == seq[len(prompt):]
+        for i in range(steps):
+            top = score(llm_gguf, seq, len(seq))[-1].topk(2)
+            best = int(top.indices[0])
+            if got[i] != best:
+                assert got[i] == int(top.indices[1]) and (top.values[0] - top.values[1]).item() < tie, (i, got, seq)
+                break
+            seq.append(best)

@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from anycore.engine.weight_arena import consolidate_weights
+from tests.native_support import missing, stack_ops
 
 
 class _Toy(nn.Module):
@@ -75,9 +76,13 @@ def test_an_engine_runs_from_the_block_with_unchanged_results(tmp_path, tokenize
         first = [o.token_ids for o in llm.generate(prompts, params)] + [llm.generate([p], params)[0].token_ids
                                                                            for p in prompts]
         stack = llm.engine.runner.native._stack
-        assert stack is not None and stack.valid(torch.bfloat16)
-        assert consolidate_weights(model) > 0
-        assert not stack.valid(torch.bfloat16), "moving the weights invalidates what the fused calls cached"
+        if missing(llm.engine, stack_ops(kw.get("quantization"))):
+            assert stack is None  # (op by op on this host: nothing cached to invalidate)
+            assert consolidate_weights(model) > 0
+        else:
+            assert stack is not None and stack.valid(torch.bfloat16)
+            assert consolidate_weights(model) > 0
+            assert not stack.valid(torch.bfloat16), "moving the weights invalidates what the fused calls cached"
         tensors = [*model.parameters(), *model.buffers()]
         assert len({t.untyped_storage().data_ptr() for t in tensors}) == 1, kw
         again = [o.token_ids for o in llm.generate(prompts, params)] + [llm.generate([p], params)[0].token_ids
