@@ -123,11 +123,20 @@ void gguf_x16_dot_portable(const uint8_t* group, int64_t nb, const int8_t* qx, i
 }
 
 // M::kX16 true: M has its own `template <int R, int QT> static void dot_x16(...)` of the form above
-// and `template <int QT> static void dequantize_x16(const GgufArgs&, int64_t n0, int64_t n1)`.
+// and `template <int QT> static void dequantize_x16(const GgufArgs&, int64_t n0, int64_t n1)`, and
+// M::kX16Types says for which file types (bit t: type t) they are its own work rather than the
+// portable form's (the loader interleaves only those: GgufKernels::interleaved16).
 template <class M, class = void>
 struct GgufHasX16 : std::false_type {};
 template <class M>
 struct GgufHasX16<M, std::void_t<decltype(M::kX16)>> : std::bool_constant<M::kX16> {};
+template <class M>
+constexpr uint32_t gguf_x16_types() {
+  if constexpr (GgufHasX16<M>::value)
+    return M::kX16Types;
+  else
+    return 0;
+}
 
 constexpr int kGgufX16Tile = 8;  // activation rows per pass over a group (their accumulators in registers)
 
@@ -360,4 +369,4 @@ struct GgufScalarMicro {
 #define ANYCORE_GGUF_KERNELS(M)                                                                     \
   ::anycore::GgufKernels{&::anycore::gguf_linear_kernel<M>, &::anycore::gguf_quantize_rows_kernel<M>, \
                          &::anycore::gguf_gemv_rows_kernel<M>, &::anycore::gguf_dequantize_rows_kernel<M>, \
-                         ::anycore::GgufHasX16<M>::value}
+                         ::anycore::gguf_x16_types<M>()}

@@ -121,8 +121,8 @@ struct GgufArgs {
 //   nibble element 4 c + i, high 4 c + i + 16; Q8_0: the int8 q + 128, stored unsigned).
 // One 512-bit load then holds the same 4 weights of 16 rows: a VPDPBUSD against the 4 activation
 // bytes broadcast makes 16 outputs' partial sums, and the block's scales are applied to 16 lanes
-// at once; a group is one sequential stream. Only variants with a micro-kernel for it (GgufKernels
-// ::interleaved16) get weights in it; every variant still runs it (portable C++).
+// at once; a group is one sequential stream. Only types a variant has a micro-kernel for (GgufKernels
+// ::interleaved16) get weights in it; every variant still runs every type of it (portable C++).
 constexpr int kGgufX16 = 100;
 constexpr int64_t kGgufX16Rows = 16;
 
@@ -253,7 +253,9 @@ struct GgufKernels {
   // weight rows [n0, n1) dequantized into out ([n, k] of out_type): the dense path for more
   // than kGgufInt8MaxRows activation rows (x, m, bias and workspace unused)
   void (*dequantize_rows)(const GgufArgs& args, int64_t n0, int64_t n1);
-  bool interleaved16;  // a micro-kernel of its own for the 16-row interleaved layout (kGgufX16)
+  // file types (bit t: type t) with a micro-kernel of the variant's own for their 16-row
+  // interleaved layout (kGgufX16); 0: none
+  uint32_t interleaved16;
 };
 
 // The kernels a vector variant (kernels_impl.h, ANYCORE_DEFINE_TABLE) writes once over its vector

@@ -11,6 +11,7 @@
 #include "bf16.h"
 
 #include <ATen/Parallel.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -344,10 +345,25 @@ const GgufKernels& gguf_table(int64_t impl) {
 
 namespace {
 
+// Whether oneDNN has a bf16 GEMM of its own on this CPU (torch's own test: AVX-512 BW/VL/DQ,
+// AMX or Arm's BF16). Without one (an AVX2-only x86 such as Zen 3) a bf16 at::linear ran at
+// ~9 GFLOP/s against ~80 in fp32 on one Zen 3 core (512 x 576 x 3072).
+bool onednn_has_bf16_gemm() {
+  static const bool has = [] {
+    const auto op = c10::Dispatcher::singleton().findSchema({"mkldnn::_is_mkldnn_bf16_supported", ""});
+    return !op.has_value() || op->typed<bool()>().call();
+  }();
+  return has;
+}
+
 // More than kGgufInt8MaxRows activation rows (prefill): the blocks dequantized to x's dtype by
-// variant impl's kernel, then at::linear (oneDNN's GEMM), as anycore/kernels/gguf.py specifies.
-at::Tensor gguf_dense_linear(const at::Tensor& x, const at::Tensor& qweight, int qtype, int64_t n, int64_t k,
+// variant impl's kernel, then at::linear (oneDNN's GEMM), as anycore/kernels/gguf.py specifies;
+// where oneDNN has no bf16 GEMM, bf16 activations take the fp32 one (the weight dequantized to
+// fp32, exactly; the result rounded to bf16), the float GEMM that is fast there.
+at::Tensor gguf_dense_linear(const at::Tensor& x_in, const at::Tensor& qweight, int qtype, int64_t n, int64_t k,
                              const std::optional<at::Tensor>& bias, int64_t impl) {
+  const bool widen = x_in.scalar_type() == at::kBFloat16 && !onednn_has_bf16_gemm();
+  const at::Tensor x = widen ? x_in.to(at::kFloat) : x_in;
   // straight into x's dtype (no fp32 copy of the whole weight)
   at::Tensor w = at::empty({n, k}, x.options());
   GgufArgs a{};
@@ -360,7 +376,8 @@ at::Tensor gguf_dense_linear(const at::Tensor& x, const at::Tensor& qweight, int
   at::parallel_for(0, n, 16, [&](int64_t r0, int64_t r1) { kernels.dequantize_rows(a, r0, r1); });
   std::optional<at::Tensor> b;
   if (bias.has_value() && bias->defined()) b = bias->to(x.scalar_type());
-  return at::linear(x, w, b);
+  at::Tensor y = at::linear(x, w, b);
+  return widen ? y.to(at::kBFloat16) : y;
 }
 
 }  // namespace
@@ -433,8 +450,13 @@ std::vector<std::string> variant_kernels(int64_t impl) {
   // fused_moe (fused_moe.cpp) is composed of these two: the variant's own when it has both
   if (t.linear[0] && t.linear[1] && t.silu_and_mul[0] && t.silu_and_mul[1]) names.emplace_back("fused_moe");
   if (t.gguf.gguf_linear) names.emplace_back("gguf_linear");
-  // (not an op: the weight layout its gguf_linear has a micro-kernel for, anycore/kernels/gguf.py)
-  if (t.gguf.gguf_linear && t.gguf.interleaved16) names.emplace_back("gguf_interleaved16");
+  // (not ops: the file types whose interleaved layout its gguf_linear has a micro-kernel for,
+  // anycore/kernels/gguf.py; the loader gives those weights that layout)
+  if (t.gguf.gguf_linear) {
+    if (t.gguf.interleaved16 & (1u << kGgufQ4_0)) names.emplace_back("gguf_interleaved16_q4_0");
+    if (t.gguf.interleaved16 & (1u << kGgufQ4_1)) names.emplace_back("gguf_interleaved16_q4_1");
+    if (t.gguf.interleaved16 & (1u << kGgufQ8_0)) names.emplace_back("gguf_interleaved16_q8_0");
+  }
   return names;
 }
 

@@ -179,6 +179,7 @@ struct GgufVnniMicro {
   //   acc += dw * dx * isum  (+ mw * sx)
   // in 16 fp32 lanes: no horizontal sums, and the unpacked weights serve every row of the tile.
   static constexpr bool kX16 = true;
+  static constexpr uint32_t kX16Types = (1u << kGgufQ4_0) | (1u << kGgufQ4_1) | (1u << kGgufQ8_0);
   template <int R, int QT>
   static void dot_x16(const uint8_t* group, int64_t nb, const int8_t* qx, int64_t k, const float* dx,
                       const float* sx, const int32_t* qsum, float (*y)[kGgufX16Rows]) {

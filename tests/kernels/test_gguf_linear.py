@@ -174,7 +174,7 @@ def test_q6k_halves_take_their_own_scales():
 
 
 # The 16-row interleaved layout (G.interleave16): every implementation runs it, a variant with a
-# micro-kernel for it (variant_kernels lists "gguf_interleaved16") with that one. Rows: 1 and 8
+# micro-kernel for that type's (variant_kernels lists "gguf_interleaved16_q4_1", ...) with that one. Rows: 1 and 8
 # (one pass of a group), 9 (a second partial pass), 16; output rows one group and several.
 @pytest.mark.arm64
 @pytest.mark.parametrize("qtype", INTERLEAVED, ids=[G.FORMATS[t][0] + "x16" for t in INTERLEAVED])

@@ -44,12 +44,14 @@ def test_every_projection_keeps_its_blocks(llm_gguf):
     linears = [m for m in engine.model.modules() if isinstance(m, Linear)]
     assert linears and all(m.method.name == "gguf" and m.weight is None for m in linears)
     assert all(m.qweight.dtype == torch.uint8 and G.file_type(m.qtype) == G.Q4_1 for m in linears)
-    # interleaved by 16 rows exactly when the bound gguf_linear variant has a micro-kernel for it
+    # interleaved by 16 rows exactly when the bound gguf_linear variant has a micro-kernel for
+    # that type's interleaved layout (AVX-512 VNNI: Q4_0/Q4_1/Q8_0; AVX2: Q4_0/Q4_1)
     index = linears[0].kernels.native_index.get("gguf_linear")
-    wants = index is not None and "gguf_interleaved16" in torch.ops.anycore.variant_kernels(index)
-    assert all(G.is_interleaved(m.qtype) == wants for m in linears)
+    names = torch.ops.anycore.variant_kernels(index) if index is not None else []
+    assert all(G.is_interleaved(m.qtype) == ("gguf_interleaved16_q4_1" in names) for m in linears)
     head = engine.model.lm_head
-    assert G.is_interleaved(head.gguf_qtype) == wants and G.file_type(head.gguf_qtype) == G.Q8_0
+    assert G.is_interleaved(head.gguf_qtype) == ("gguf_interleaved16_q8_0" in names)
+    assert G.file_type(head.gguf_qtype) == G.Q8_0
     # the blocks are smaller than a bf16 copy: 20 bytes per 32 weights instead of 64
     block_bytes = sum(m.qweight.numel() for m in linears)
     assert block_bytes == sum(m.out_features * m.in_features for m in linears) * 20 // 32

@@ -49,15 +49,20 @@ class GGUFBlocks:
 
 def blocks_for(kernels, blocks: GGUFBlocks) -> GGUFBlocks:
     """``blocks`` in the layout the bound ``gguf_linear`` variant multiplies fastest: interleaved
-    by 16 rows (anycore/kernels/gguf.py) when that variant has a micro-kernel for it and the type
-    and row count allow, otherwise the file's. (Measured on a Zen 4 core, AVX-512 VNNI, Q4_1
-    3072 x 576: see the commit that added it.)"""
+    by 16 rows (anycore/kernels/gguf.py) when that variant has a micro-kernel for that type's
+    interleaved layout and the row count allows, otherwise the file's. (Measured on a Zen 4 core,
+    AVX-512 VNNI, and a Zen 3 core, AVX2, Q4_1 3072 x 576: see the commits that added them.)"""
     index = kernels.native_index.get("gguf_linear") if kernels is not None else None
-    if index is None or not can_interleave(blocks.qtype, blocks.data.shape[0]):
-        return blocks
-    if "gguf_interleaved16" not in torch.ops.anycore.variant_kernels(index):
+    if index is None or not interleaves(index, blocks.qtype, blocks.data.shape[0]):
         return blocks
     return GGUFBlocks(X16 + blocks.qtype, interleave16(blocks.data, blocks.qtype))
+
+
+def interleaves(index: int, qtype: int, rows: int) -> bool:
+    """Whether native variant ``index`` takes a ``qtype`` weight of ``rows`` rows interleaved."""
+    if not can_interleave(qtype, rows):
+        return False
+    return f"gguf_interleaved16_{FORMATS[qtype][0].lower()}" in torch.ops.anycore.variant_kernels(index)
 
 
 class GGUFLinearMethod:
