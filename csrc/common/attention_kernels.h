@@ -80,25 +80,67 @@ void pair_block_scores(const AttnArgs& a, const bf16* const* kp, const bf16* con
     for (; d + V::W <= D; d += V::W) V::zip_bf16(v0 + d, v1 + d, dst + 2 * d);
     for (; d < D; ++d) dst[2 * d] = v0[d], dst[2 * d + 1] = v1[d];
   }
+  // four rows at a time: eight independent dot chains (two per row) share each K load, enough
+  // to cover the dot instruction's latency (two rows' four chains left it idle about a third of
+  // the time). A short last group repeats its last row (the same values, stored again).
   const V vscale = V::set1(a.scale);
-  for (int64_t r = 0; r < rows; r += 2) {
-    const int64_t r1 = r + 1 < rows ? r + 1 : r;
-    if (std::max(pos[r], pos[r1]) < kb) continue;  // both rows see nothing here
-    const bf16* qa = qrow[r];
-    const bf16* qb = qrow[r1];
+  for (int64_t r = 0; r < rows; r += 4) {
+    int64_t rr[4];
+    for (int64_t j = 0; j < 4; ++j) rr[j] = r + j < rows ? r + j : rows - 1;
+    if (std::max(std::max(pos[rr[0]], pos[rr[1]]), std::max(pos[rr[2]], pos[rr[3]])) < kb) continue;  // none sees a key here
+    const bf16* q0 = qrow[rr[0]];
+    const bf16* q1 = qrow[rr[1]];
+    const bf16* q2 = qrow[rr[2]];
+    const bf16* q3 = qrow[rr[3]];
     V a0 = V::zero(), a1 = V::zero(), b0 = V::zero(), b1 = V::zero();
+    V c0 = V::zero(), c1 = V::zero(), d0 = V::zero(), d1 = V::zero();
     for (int64_t i = 0; i < half; ++i) {
       const bf16* k0 = reinterpret_cast<const bf16*>(kt2 + i * kKeyBlock);  // keys 0..W-1, then W..2W-1
-      const uint32_t x = bf16_pair(qa + 2 * i), y = bf16_pair(qb + 2 * i);
+      const bf16* k1 = k0 + 2 * V::W;
+      const uint32_t x = bf16_pair(q0 + 2 * i), y = bf16_pair(q1 + 2 * i);
+      const uint32_t z = bf16_pair(q2 + 2 * i), w = bf16_pair(q3 + 2 * i);
       a0 = V::dot_pairs(a0, x, k0);
-      a1 = V::dot_pairs(a1, x, k0 + 2 * V::W);
+      a1 = V::dot_pairs(a1, x, k1);
       b0 = V::dot_pairs(b0, y, k0);
-      b1 = V::dot_pairs(b1, y, k0 + 2 * V::W);
+      b1 = V::dot_pairs(b1, y, k1);
+      c0 = V::dot_pairs(c0, z, k0);
+      c1 = V::dot_pairs(c1, z, k1);
+      d0 = V::dot_pairs(d0, w, k0);
+      d1 = V::dot_pairs(d1, w, k1);
     }
-    (a0 * vscale).store(sc + r * kKeyBlock);
-    (a1 * vscale).store(sc + r * kKeyBlock + V::W);
-    (b0 * vscale).store(sc + r1 * kKeyBlock);
-    (b1 * vscale).store(sc + r1 * kKeyBlock + V::W);
+    (d0 * vscale).store(sc + rr[3] * kKeyBlock);
+    (d1 * vscale).store(sc + rr[3] * kKeyBlock + V::W);
+    (c0 * vscale).store(sc + rr[2] * kKeyBlock);
+    (c1 * vscale).store(sc + rr[2] * kKeyBlock + V::W);
+    (b0 * vscale).store(sc + rr[1] * kKeyBlock);
+    (b1 * vscale).store(sc + rr[1] * kKeyBlock + V::W);
+    (a0 * vscale).store(sc + rr[0] * kKeyBlock);
+    (a1 * vscale).store(sc + rr[0] * kKeyBlock + V::W);
+  }
+}
+
+// One pass of pair_block_pv over NC head-dimension vectors from d0, for rows ra and rb. NC is a
+// compile-time count so the 2 x NC accumulators stay in registers (a run-time count kept them on
+// the stack: a store and a reload around every dot).
+template <typename V, int NC>
+inline void pair_pv_pass(int64_t npairs, const bf16* pa, const bf16* pb, float alpha_a, float alpha_b,
+                         const bf16* vb2, int64_t dpad, int64_t d0, float* acc_a, float* acc_b) {
+  V xa[NC], xb[NC];
+  for (int c = 0; c < NC; ++c) {
+    xa[c] = V::load(acc_a + d0 + c * V::W) * V::set1(alpha_a);
+    xb[c] = V::load(acc_b + d0 + c * V::W) * V::set1(alpha_b);
+  }
+  for (int64_t j = 0; j < npairs; ++j) {
+    const uint32_t x = bf16_pair(pa + 2 * j), y = bf16_pair(pb + 2 * j);
+    const bf16* vj = vb2 + (j * dpad + d0) * 2;
+    for (int c = 0; c < NC; ++c) {
+      xa[c] = V::dot_pairs(xa[c], x, vj + c * 2 * V::W);
+      xb[c] = V::dot_pairs(xb[c], y, vj + c * 2 * V::W);
+    }
+  }
+  for (int c = 0; c < NC; ++c) {  // b last: it is a on an odd last row
+    xa[c].store(acc_a + d0 + c * V::W);
+    xb[c].store(acc_b + d0 + c * V::W);
   }
 }
 
@@ -117,24 +159,14 @@ void pair_block_pv(int64_t bn, int64_t rows, int64_t kb, const int64_t* pos, con
       V::load(sc + r * kKeyBlock + b).store(pa + b);
       V::load(sc + r1 * kKeyBlock + b).store(pb + b);
     }
+    float* acc_a = acc + r * dpad;
+    float* acc_b = acc + r1 * dpad;
     for (int64_t d0 = 0; d0 < dpad; d0 += kChunks * V::W) {
-      const int64_t nc = std::min<int64_t>(kChunks, (dpad - d0) / V::W);
-      V xa[kChunks], xb[kChunks];
-      for (int64_t c = 0; c < nc; ++c) {
-        xa[c] = V::load(acc + r * dpad + d0 + c * V::W) * V::set1(alpha[r]);
-        xb[c] = V::load(acc + r1 * dpad + d0 + c * V::W) * V::set1(alpha[r1]);
-      }
-      for (int64_t j = 0; j < npairs; ++j) {
-        const uint32_t x = bf16_pair(pa + 2 * j), y = bf16_pair(pb + 2 * j);
-        const bf16* vj = vb2 + (j * dpad + d0) * 2;
-        for (int64_t c = 0; c < nc; ++c) {
-          xa[c] = V::dot_pairs(xa[c], x, vj + c * 2 * V::W);
-          xb[c] = V::dot_pairs(xb[c], y, vj + c * 2 * V::W);
-        }
-      }
-      for (int64_t c = 0; c < nc; ++c) {  // r1 last: it is r on an odd last row
-        xa[c].store(acc + r * dpad + d0 + c * V::W);
-        xb[c].store(acc + r1 * dpad + d0 + c * V::W);
+      switch (std::min<int64_t>(kChunks, (dpad - d0) / V::W)) {
+        case 4: pair_pv_pass<V, 4>(npairs, pa, pb, alpha[r], alpha[r1], vb2, dpad, d0, acc_a, acc_b); break;
+        case 3: pair_pv_pass<V, 3>(npairs, pa, pb, alpha[r], alpha[r1], vb2, dpad, d0, acc_a, acc_b); break;
+        case 2: pair_pv_pass<V, 2>(npairs, pa, pb, alpha[r], alpha[r1], vb2, dpad, d0, acc_a, acc_b); break;
+        default: pair_pv_pass<V, 1>(npairs, pa, pb, alpha[r], alpha[r1], vb2, dpad, d0, acc_a, acc_b); break;
       }
     }
   }
