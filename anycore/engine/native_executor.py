@@ -143,6 +143,8 @@ class NativeExecutor:
         """The native stack as the model's layer loop for this batch, or None: op by op."""
         if batch.k_pool is None:
             return None
+        if batch.tree_mask is not None and not self.tree_in_stack:
+            return None
         stack = self.stack(self.model.embed_tokens.dtype)
         if stack is None:
             return None
@@ -151,8 +153,17 @@ class NativeExecutor:
         def run(hidden, cos, sin, b: ForwardBatch):
             return self.ops.decoder_stack(
                 hidden, stack.native, b.k_pool, b.v_pool, b.slot_mapping, cos, sin, b.q_start_loc, b.seq_lens,
-                b.slot_table, g.num_heads, g.num_kv_heads, g.head_dim, g.eps, g.scale)
+                b.slot_table, g.num_heads, g.num_kv_heads, g.head_dim, g.eps, g.scale, b.tree_mask)
         return run
+
+    @property
+    def tree_in_stack(self) -> bool:
+        """Whether a tree verify's mask can run inside the stack: there its attention is the
+        tree_attention kernel of paged_attention's variant (one kernel, csrc/common/kernel_table.h),
+        so only when the registry chose that same variant for tree_attention (else op by op, where
+        the chosen tree_attention runs)."""
+        index = self.ops.native_index
+        return "tree_attention" in index and index.get("tree_attention") == index.get("paged_attention")
 
     def stack(self, dtype: torch.dtype) -> _Stack | None:
         """The cached native stack, rebuilt when stale; None when some layer cannot run natively

@@ -226,8 +226,7 @@ class ModelRunner:
         if layout is not None:  # some rows want every new token's logits (prompt logprobs, drafts)
             batch.logits_indices = layout.indices
         batch.capture_layers = self.capture_layers
-        # (the native stack has no tree mask: a tree verify runs op by op)
-        hidden = self.model(batch, self.native.layers_fn(batch) if batch.tree_mask is None else None)
+        hidden = self.model(batch, self.native.layers_fn(batch))
         if batch.captured is not None:
             self.features = (batch.q_start_loc, batch.captured)
         prompt_lps: dict[str, PromptLogprobPiece] = {}

@@ -180,11 +180,12 @@ class KernelOps:
 
     impls: Mapping[str, Callable]  # op name -> implementation, one per OpSpec
     # decoder_stack(hidden, stack_weights, k_pool, v_pool, slot_mapping, cos, sin, q_start_loc,
-    # seq_lens, slot_table, num_heads, num_kv_heads, head_dim, eps, scale): every layer in one
-    # native call (the pools whole, csrc/common/decoder_layer.cpp), with stack_weights(weights,
-    # linear_impls) made once from the layers' weights and variant indices concatenated (in
-    # the order anycore/engine/native_executor.py reads from the extension); None unless all
-    # five non-linear ops are native (FUSED_OPS)
+    # seq_lens, slot_table, num_heads, num_kv_heads, head_dim, eps, scale, tree_mask=None): every
+    # layer in one native call (the pools whole, csrc/common/decoder_layer.cpp; tree_mask: a tree
+    # verify's, as tree_attention takes it), with stack_weights(weights, linear_impls) made once
+    # from the layers' weights and variant indices concatenated (in the order
+    # anycore/engine/native_executor.py reads from the extension); None unless all five
+    # non-linear ops are native (FUSED_OPS)
     decoder_stack: Callable | None = None
     stack_weights: Callable | None = None
     # decode_greedy(token, start, steps, embed, stack_weights, k_pool, v_pool, slot_row, cos_table,

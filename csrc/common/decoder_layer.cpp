@@ -102,6 +102,9 @@ struct StepInputs {
   const at::Tensor &q_start_loc, &seq_lens, &slot_table;
   int64_t num_heads, num_kv_heads, head_dim;
   double eps, scale;
+  // a speculative tree verify (tree_attention's mask: which new keys each new token sees); null:
+  // causal attention
+  const at::Tensor* tree_mask = nullptr;
 };
 
 StepInputs step_inputs(const at::Tensor& hidden, const at::Tensor& slot_mapping, const at::Tensor& cos_in,
@@ -177,8 +180,12 @@ std::tuple<at::Tensor, at::Tensor> run_layer(const at::Tensor& hidden, const std
            cos + t * D, sin + t * D, D, 1, KV, D);
     std::memcpy(vc + slot[t] * v_cache.stride(0) * es, v_src + t * qkv.stride(0) * es, kv_size * es);
   }
-  at::Tensor attn = paged_attention(q, k_cache, v_cache, in.q_start_loc, in.seq_lens, in.slot_table, in.scale,
-                                    op_impls[kOpAttention], 0);
+  // (tree_attention is paged_attention's kernel with a mask: the same variant index, kernel_table.h)
+  at::Tensor attn = in.tree_mask != nullptr
+                        ? tree_attention(q, k_cache, v_cache, in.q_start_loc, in.seq_lens, in.slot_table,
+                                         *in.tree_mask, in.scale, op_impls[kOpAttention], 0)
+                        : paged_attention(q, k_cache, v_cache, in.q_start_loc, in.seq_lens, in.slot_table, in.scale,
+                                          op_impls[kOpAttention], 0);
   at::Tensor o = project(attn.view({T, q_size}), weights, w0 + kO, lin[kLinO]);
 
   // MLP
@@ -209,18 +216,22 @@ std::tuple<at::Tensor, at::Tensor> decoder_stack(
     const at::Tensor& hidden, const c10::intrusive_ptr<StackWeights>& stack, const at::Tensor& k_pool,
     const at::Tensor& v_pool, const at::Tensor& slot_mapping, const at::Tensor& cos, const at::Tensor& sin,
     const at::Tensor& q_start_loc, const at::Tensor& seq_lens, const at::Tensor& slot_table, int64_t num_heads,
-    int64_t num_kv_heads, int64_t head_dim, double eps, double scale) {
+    int64_t num_kv_heads, int64_t head_dim, double eps, double scale, const std::optional<at::Tensor>& tree_mask) {
   TORCH_CHECK(k_pool.dim() == 4 && v_pool.dim() == 4 && k_pool.size(0) == v_pool.size(0) && k_pool.size(0) > 0,
               "k/v pools must be [num_layers, slots, num_kv_heads, head_dim]");
   const int64_t layers = k_pool.size(0);
   const Weights& weights = stack->weights;
   TORCH_CHECK(static_cast<int64_t>(weights.size()) == layers * kNumWeights, "decoder_stack: the pools have ", layers,
               " layers, the weights ", weights.size() / kNumWeights);
-  if (auto out = decode_team(hidden, *stack, k_pool, v_pool, slot_mapping, cos, sin, q_start_loc, seq_lens, slot_table,
-                             num_heads, num_kv_heads, head_dim, eps, scale))
-    return *out;
-  const StepInputs in = step_inputs(hidden, slot_mapping, cos, sin, q_start_loc, seq_lens, slot_table, num_heads,
-                                    num_kv_heads, head_dim, eps, scale);
+  // (a tree verify has several new tokens: never the decode team's one-token step)
+  if (!tree_mask.has_value()) {
+    if (auto out = decode_team(hidden, *stack, k_pool, v_pool, slot_mapping, cos, sin, q_start_loc, seq_lens,
+                               slot_table, num_heads, num_kv_heads, head_dim, eps, scale))
+      return *out;
+  }
+  StepInputs in = step_inputs(hidden, slot_mapping, cos, sin, q_start_loc, seq_lens, slot_table, num_heads,
+                              num_kv_heads, head_dim, eps, scale);
+  if (tree_mask.has_value()) in.tree_mask = &*tree_mask;
   at::Tensor h = hidden;
   std::optional<at::Tensor> res;
   for (int64_t l = 0; l < layers; ++l) {

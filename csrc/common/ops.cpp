@@ -493,7 +493,8 @@ TORCH_LIBRARY(anycore, m) {
   m.class_<StackWeights>("StackWeights").def(torch::init<Weights, std::vector<int64_t>, std::vector<int64_t>>());
   m.def("decoder_stack(Tensor hidden, __torch__.torch.classes.anycore.StackWeights weights, Tensor k_pool, "
         "Tensor v_pool, Tensor slot_mapping, Tensor cos, Tensor sin, Tensor q_start_loc, Tensor seq_lens, "
-        "Tensor slot_table, int num_heads, int num_kv_heads, int head_dim, float eps, float scale) -> (Tensor, Tensor)",
+        "Tensor slot_table, int num_heads, int num_kv_heads, int head_dim, float eps, float scale, "
+        "Tensor? tree_mask=None) -> (Tensor, Tensor)",
         &decoder_stack);
   m.def("decode_team_steps() -> int", &decode_team_steps);
   m.def("decode_greedy(int token, int start, int steps, Tensor?[] embed, int embed_impl, int vocab, int hidden_size, "

@@ -65,7 +65,8 @@ std::tuple<at::Tensor, at::Tensor> decoder_stack(
     const at::Tensor& hidden, const c10::intrusive_ptr<StackWeights>& stack, const at::Tensor& k_pool,
     const at::Tensor& v_pool, const at::Tensor& slot_mapping, const at::Tensor& cos, const at::Tensor& sin,
     const at::Tensor& q_start_loc, const at::Tensor& seq_lens, const at::Tensor& slot_table, int64_t num_heads,
-    int64_t num_kv_heads, int64_t head_dim, double eps, double scale);
+    int64_t num_kv_heads, int64_t head_dim, double eps, double scale,
+    const std::optional<at::Tensor>& tree_mask = std::nullopt);
 
 // decode_team.cpp: decoder_stack's batch-1 decode (bf16 activations) in one OpenMP team; nullopt when the
 // step or a layer does not qualify (see there).

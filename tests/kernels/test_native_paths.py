@@ -134,3 +134,41 @@ def test_a_replaced_method_rebuilds_the_stack(tmp_path, tokenizer):
     assert not old.valid(torch.float32)
     new = native.stack(torch.float32)
     assert new is not None and new is not old
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_tree_verify_runs_in_the_stack_bit_identically(tmp_path, tokenizer, dtype):
+    """A speculative tree verify (several new tokens seeing each other through a mask) runs its
+    attention as tree_attention inside the stack: the same tokens, logprobs and KV pool as op by
+    op, and the stack really took the masked steps."""
+    from tests.models.test_spec_tree import OracleTrees
+    from tests.models.test_speculative import PROMPTS
+
+    write_checkpoint(tmp_path, "llama-untied-llama3-rope", tokenizer)
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, logprobs=2)
+    reference = LLM(model=str(tmp_path), dtype=dtype, kv_cache_gb=0.01)
+    expected = {tuple(p): o.outputs[0].token_ids for p, o in zip(PROMPTS, reference.generate(PROMPTS, params))}
+    results = {}
+    for mode in ("stack", "off"):
+        llm = LLM(model=str(tmp_path), dtype=dtype, kv_cache_gb=0.01, speculative_algorithm="ngram")
+        ops = llm.engine.ops
+        if ops.decoder_stack is None:
+            pytest.skip("no native decoder stack here (extension unavailable or some op not native)")
+        skip_unless_native(llm.engine, stack_ops(None) + ["tree_attention"], "a tree verify in the native stack")
+        masked = [0]
+
+        def counted(*a, fn=ops.decoder_stack, masked=masked):
+            masked[0] += len(a) > 15 and a[15] is not None
+            return fn(*a)
+
+        _set_mode(llm, mode, counted)
+        oracle = OracleTrees(expected)
+        llm.engine.scheduler.speculator = oracle
+        outs = llm.generate(PROMPTS, params)
+        assert oracle.calls > 0
+        assert (masked[0] > 0) == (mode == "stack"), masked
+        results[mode] = ([o.outputs[0].token_ids for o in outs], [o.outputs[0].logprobs for o in outs],
+                         llm.engine.kv_pool.k.clone(), llm.engine.kv_pool.v.clone())
+    (tok_on, lp_on, k_on, v_on), (tok_off, lp_off, k_off, v_off) = results["stack"], results["off"]
+    assert tok_on == tok_off and lp_on == lp_off
+    assert torch.equal(k_on, k_off) and torch.equal(v_on, v_off)
