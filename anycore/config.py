@@ -255,8 +255,8 @@ class EngineConfig:
     # same distribution). A request with a draft verifies it instead of taking the native
     # greedy decode (decode_burst); without one it decodes as usual
     speculative_algorithm: str | None = None
-    # draft tokens per verify step (k); 3: a verify of 4 rows still runs the native bf16 GEMV
-    # (kNativeLinearMaxRows, csrc/common/decoder_layout.h), 5 rows fall to oneDNN at ~1.5x the time
+    # draft tokens per verify step (k); up to 7: a verify of at most 8 rows runs the native bf16
+    # GEMV (kNativeLinearMaxRows, csrc/common/decoder_layout.h), more fall to oneDNN
     num_speculative_tokens: int = 3
     ngram_prompt_lookup_max: int = 4  # the longest context suffix matched
     ngram_prompt_lookup_min: int = 2  # the shortest

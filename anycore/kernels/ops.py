@@ -32,13 +32,11 @@ FAMILIES = ("elementwise", "attention", "gemv", "int8", "gguf")
 _NATIVE_DTYPES = (torch.float32, torch.bfloat16)
 _MAX_HEAD_DIM = 512  # kMaxHeadDim, csrc/common/kernel_table.h
 _MAX_ATTN_ROWS = 64  # kMaxAttnRows there: the largest GQA group (heads per kv head)
-# rows up to which the native bf16 linear beats oneDNN (one VDPBF16PS tile of activation rows;
-# measured on x86: 1 thread, SmolLM2 decode shapes, native 26/28/35 ms vs oneDNN 48/49/50 ms at
-# 1/2/4 rows, 56 vs 48 ms at 8). The Arm variants use the same limit (their tiles are 4
-# activation rows too); not timed on Arm hardware. The native stack applies the same rule with
-# csrc/common/decoder_layout.h kNativeLinearMaxRows (tests/kernels/test_native_paths.py checks
-# the two agree, through native_linear_max_rows()).
-NATIVE_LINEAR_MAX_ROWS = 4
+# rows up to which the native bf16 linear beats oneDNN (two VDPBF16PS tiles of four activation
+# rows; measured with weights streamed as in a model step, see csrc/common/decoder_layout.h
+# kNativeLinearMaxRows). The native stack applies the same rule with that constant
+# (tests/kernels/test_native_paths.py checks the two agree, through native_linear_max_rows()).
+NATIVE_LINEAR_MAX_ROWS = 8
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ std::optional<at::Tensor> optional(const Weights& w, int64_t i) {
 }
 
 // One projection. GGUF blocks when the weight is uint8; W8A8 when it has a scale; dense otherwise, on the native GEMV only for bf16
-// with at most 4 rows (measured faster than oneDNN there on x86; on Arm chosen so decode runs as
+// with at most kNativeLinearMaxRows rows (measured faster than oneDNN there on x86; on Arm chosen so decode runs as
 // one native call, not timed: the same rule as `linear` in kernels/dispatch.py,
 // NATIVE_LINEAR_MAX_ROWS), at::linear for everything else or when impl < 0.
 at::Tensor dense(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias, int64_t impl) {
