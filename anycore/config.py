@@ -255,8 +255,9 @@ class EngineConfig:
     # same distribution). A request with a draft verifies it instead of taking the native
     # greedy decode (decode_burst); without one it decodes as usual
     speculative_algorithm: str | None = None
-    # draft tokens per verify step (k); up to 7: a verify of at most 8 rows runs the native bf16
-    # GEMV (kNativeLinearMaxRows, csrc/common/decoder_layout.h), more fall to oneDNN
+    # draft tokens per verify step (k); up to 15: a verify of at most 16 rows (8 on x86 with
+    # AMX-BF16) runs the native bf16 GEMV (native_linear_max_rows, csrc/common/decoder_layout.h),
+    # more fall to oneDNN
     num_speculative_tokens: int = 3
     ngram_prompt_lookup_max: int = 4  # the longest context suffix matched
     ngram_prompt_lookup_min: int = 2  # the shortest

@@ -21,11 +21,11 @@ from functools import lru_cache
 import torch
 
 from anycore.kernels.build import ExtensionInfo, load_extension
-from anycore.kernels.ops import FUSED_OPS, NATIVE_LINEAR_MAX_ROWS, OP_SPECS, KernelOps, OpSpec, spec
+from anycore.kernels.ops import FUSED_OPS, OP_SPECS, KernelOps, OpSpec, spec
 from anycore.platform import selection
 from anycore.platform.features import CpuFeatures, detect
 
-__all__ = ["NATIVE_LINEAR_MAX_ROWS", "host_features", "implementations", "make_op", "native_op", "plan",
+__all__ = ["host_features", "implementations", "make_op", "native_op", "plan",
            "select_ops"]
 
 log = logging.getLogger("anycore.kernels")

@@ -18,6 +18,7 @@ signature. Adding an op: csrc/README.md, "Adding an op".
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -32,11 +33,15 @@ FAMILIES = ("elementwise", "attention", "gemv", "int8", "gguf")
 _NATIVE_DTYPES = (torch.float32, torch.bfloat16)
 _MAX_HEAD_DIM = 512  # kMaxHeadDim, csrc/common/kernel_table.h
 _MAX_ATTN_ROWS = 64  # kMaxAttnRows there: the largest GQA group (heads per kv head)
-# rows up to which the native bf16 linear beats oneDNN (two VDPBF16PS tiles of four activation
-# rows; measured with weights streamed as in a model step, see csrc/common/decoder_layout.h
-# kNativeLinearMaxRows). The native stack applies the same rule with that constant
-# (tests/kernels/test_native_paths.py checks the two agree, through native_linear_max_rows()).
-NATIVE_LINEAR_MAX_ROWS = 8
+
+
+@functools.cache
+def native_linear_max_rows() -> int:
+    """Rows up to which the native bf16 linear runs rather than F.linear (oneDNN) on this host:
+    the extension's own rule (csrc/common/decoder_layout.h native_linear_max_rows: 16, or 8 on
+    x86 with AMX-BF16), so the `linear` op and the native stack cannot disagree. Asked only when
+    a native linear is bound, i.e. once the extension is loaded."""
+    return int(torch.ops.anycore.native_linear_max_rows())
 
 
 @dataclass(frozen=True)
@@ -63,17 +68,17 @@ def _native_floats(x: torch.Tensor, *same: torch.Tensor) -> bool:
 
 
 def _linear_native_when(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
-    # Native only for bf16 with at most NATIVE_LINEAR_MAX_ROWS rows (decode GEMV, small decode
+    # Native only for bf16 with at most native_linear_max_rows() rows (decode GEMV, small decode
     # batches; measured faster than F.linear/oneDNN on x86, see selection.py for why Arm uses
     # it). More rows, fp32, or odd layouts go to F.linear.
     return (x.dtype is torch.bfloat16 and weight.dtype is torch.bfloat16
-            and x.numel() <= NATIVE_LINEAR_MAX_ROWS * x.shape[-1]
+            and x.numel() <= native_linear_max_rows() * x.shape[-1]
             and weight.is_contiguous() and x.stride(-1) == 1)
 
 
 def _fused_moe_native_when(x, router_logits, w13, w2, top_k, renormalize, w13_scale=None, w2_scale=None) -> bool:
     # csrc/common/fused_moe.cpp: float experts in the activation dtype (the variant's GEMV for
-    # bf16 experts with at most NATIVE_LINEAR_MAX_ROWS rows, at::mm otherwise), or int8 experts
+    # bf16 experts with at most native_linear_max_rows() rows, at::mm otherwise), or int8 experts
     # with fp32 scales (at::_int_mm: the torch-native steps without the Python between them)
     if x.dim() != 2 or x.dtype not in _NATIVE_DTYPES:
         return False

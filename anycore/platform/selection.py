@@ -32,7 +32,7 @@ _VECTOR_OPS = ELEMENTWISE + ATTENTION + GEMV
 TORCH_NATIVE = "torch-native"
 REFERENCE = "reference"
 ENV_OVERRIDE = "ANYCORE_KERNELS"
-# `linear` (bf16 GEMV for decode, at most NATIVE_LINEAR_MAX_ROWS rows; F.linear beyond) runs on:
+# `linear` (bf16 GEMV for decode, at most native_linear_max_rows() rows, kernels/ops.py; F.linear beyond) runs on:
 # - x86-64: the AVX-512 variants, measured faster than torch's F.linear (oneDNN) there for bf16
 #   decode. AVX2 keeps torch-native.
 # - aarch64: neon (every Arm CPU), neon_bf16 (BFDOT), sve256 (SVE BFDOT). Chosen because a native multiply for every

@@ -12,6 +12,9 @@
 // paths give bit-identical results (tests/kernels/test_native_paths.py checks it). The only
 // differences are where data goes: rotated K and V are written straight into the KV pool.
 #include <cstring>
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
 #include <iterator>
 #include <string>
 #include <vector>
@@ -36,11 +39,10 @@ std::optional<at::Tensor> optional(const Weights& w, int64_t i) {
 }
 
 // One projection. GGUF blocks when the weight is uint8; W8A8 when it has a scale; dense otherwise, on the native GEMV only for bf16
-// with at most kNativeLinearMaxRows rows (measured faster than oneDNN there on x86; on Arm chosen so decode runs as
-// one native call, not timed: the same rule as `linear` in kernels/dispatch.py,
-// NATIVE_LINEAR_MAX_ROWS), at::linear for everything else or when impl < 0.
+// with at most native_linear_max_rows() rows (measured faster than oneDNN there on x86; on Arm chosen so decode runs as
+// one native call, not timed: the same rule as `linear` in kernels/ops.py), at::linear for everything else or when impl < 0.
 at::Tensor dense(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias, int64_t impl) {
-  if (impl >= 0 && x.scalar_type() == at::kBFloat16 && weight.scalar_type() == at::kBFloat16 && x.size(0) <= kNativeLinearMaxRows &&
+  if (impl >= 0 && x.scalar_type() == at::kBFloat16 && weight.scalar_type() == at::kBFloat16 && x.size(0) <= native_linear_max_rows() &&
       weight.is_contiguous())
     return linear(x, weight, bias, impl);
   return at::linear(x, weight, bias);
@@ -245,7 +247,18 @@ std::tuple<at::Tensor, at::Tensor> decoder_stack(
 
 std::vector<std::string> decoder_layout() { return {std::begin(kWeightNames), std::end(kWeightNames)}; }
 
-int64_t native_linear_max_rows() { return kNativeLinearMaxRows; }
+int64_t native_linear_max_rows() {
+#if defined(__x86_64__)
+  // CPUID leaf 7 (sub-leaf 0) EDX bit 22: AMX-BF16
+  static const int64_t rows = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    return __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d >> 22 & 1u) ? int64_t{8} : int64_t{16};
+  }();
+  return rows;
+#else
+  return 16;
+#endif
+}
 
 }  // namespace anycore::ops
 

@@ -38,17 +38,19 @@ enum OpIndex : int { kOpRmsNorm, kOpAddRmsNorm, kOpRotary, kOpSiluMul, kOpAttent
 
 using Weights = c10::List<std::optional<at::Tensor>>;
 
-// Rows up to which a bf16 projection runs the native GEMV rather than at::linear (oneDNN): two
-// VDPBF16PS tiles of four activation rows. Measured on a 2-core AMD EPYC (Zen 4 class), the four
-// SmolLM2 projections of 30 layers with every weight streamed from memory (as in a model step),
-// native vs oneDNN: 2 threads 7.5 vs 16.7 ms at 4 rows, 10.1 vs 18.9 at 8, 16.1 vs 20.4 at 12,
-// 24.7 vs 24.3 at 20; 1 thread 18.8 vs 31.4 ms at 8. (An earlier limit of 4 followed a 1-thread
-// measurement of whole decode steps, 56 vs 48 ms at 8 rows, on another x86 host.) Each row's
-// result does not depend on how many rows share the call, so a speculative verify of up to this
-// many tokens computes every row as a one-token decode does. The Arm variants use the same
-// limit (their tiles are 4 rows too); not timed on Arm hardware. The `linear` op's Python
-// binding reads it through native_linear_max_rows().
-constexpr int64_t kNativeLinearMaxRows = 8;
+// Rows up to which a bf16 projection runs the native GEMV rather than at::linear (oneDNN), on
+// this host (decoder_layer.cpp; the `linear` op's Python binding reads the same value).
+// 16 rows (four VDPBF16PS tiles of four activation rows), except 8 on x86 hosts with AMX-BF16.
+// Measured on a 2-core AMD EPYC (Zen 4 class, no AMX), the four SmolLM2 projections of 30 layers
+// with every weight streamed from memory (as in a model step), native vs oneDNN, 2 threads:
+// 10.1 vs 18.9 ms at 8 rows, 16.1 vs 22.9 at 12, 21.2 vs 26.8 at 16, 24.8 vs 26.6 at 20, 28.9
+// vs 28.3 at 24 (1 thread at 8 rows: 18.8 vs 31.4 ms). Past 8 rows the GEMV is compute-bound
+// (about 37% of VDPBF16PS peak at 16 rows), and oneDNN's bf16 GEMM on AMX tiles should win
+// there: not measured, so AMX hosts keep the earlier limit of 8. Each row's result does not depend
+// on how many rows share the call, so a speculative verify of up to this many tokens computes
+// every row as a one-token decode does. The Arm variants use the same limit (their tiles are 4
+// rows too); not timed on Arm hardware.
+int64_t native_linear_max_rows();
 
 struct TeamPlan;  // decode_team.cpp's pointers derived from a StackWeights
 

@@ -4,7 +4,7 @@
 // kernels: per expert that got tokens, the gate/up projection, silu_and_mul, the down
 // projection, then the weighted combine in fp32.
 //
-// The projections follow the dense rule (kNativeLinearMaxRows, decoder_layout.h): bf16 with at
+// The projections follow the dense rule (native_linear_max_rows(), decoder_layout.h): bf16 with at
 // most that many rows runs the variant's GEMV, anything else at::mm (oneDNN). An expert no token
 // chose is never read, so a batch-1 decode streams exactly top_k experts' weights.
 //
@@ -39,7 +39,7 @@ namespace {
 void project(at::Tensor out, const at::Tensor& x, const at::Tensor& w, int dt, int64_t impl) {
   const int64_t m = x.size(0);
   LinearFn gemv = table(impl).linear[dt];
-  if (dt == 1 && m <= kNativeLinearMaxRows && gemv != nullptr) {
+  if (dt == 1 && m <= native_linear_max_rows() && gemv != nullptr) {
     gemv(out.data_ptr(), x.data_ptr(), x.stride(0), w.data_ptr(), nullptr, m, w.size(0), w.size(1));
   } else {
     at::mm_out(out, x, w.t());

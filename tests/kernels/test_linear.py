@@ -23,7 +23,7 @@ def _raw(impl):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("m, k, n", [(1, 64, 7), (1, 100, 33), (2, 40, 5), (3, 4100, 17), (4, 96, 9), (5, 2048, 64),
-                                     (7, 300, 13), (9, 64, 4), (6, 72, 10)])
+                                     (7, 300, 13), (9, 64, 4), (6, 72, 10), (13, 200, 11), (16, 96, 12)])
 @pytest.mark.parametrize("with_bias", [False, True], ids=["nobias", "bias"])
 def test_linear_raw(impl, dtype, m, k, n, with_bias):
     x = torch.randn(m, k, dtype=dtype)
@@ -34,6 +34,18 @@ def test_linear_raw(impl, dtype, m, k, n, with_bias):
     assert out.dtype == dtype and out.shape == (m, n)
     tol = {"rtol": 1e-5, "atol": 1e-4} if dtype == torch.float32 else {"rtol": 1.6e-2, "atol": 2e-2}
     torch.testing.assert_close(out.float(), ref, **tol)
+
+
+@pytest.mark.parametrize("m", [5, 8, 13, 16])
+def test_linear_rows_do_not_depend_on_the_batch(impl, m):
+    """Each bf16 row comes out bit for bit as a one-row call computes it, so a speculative verify
+    of up to native_linear_max_rows() tokens equals one-token decodes (csrc/common/gemv_kernels.h)."""
+    if impl == "torch-native":
+        pytest.skip("F.linear (oneDNN) makes no such promise")
+    x = torch.randn(m, 1000, dtype=torch.bfloat16)
+    w = torch.randn(23, 1000, dtype=torch.bfloat16) / 1000**0.5
+    rows = torch.cat([_raw(impl)(x[i:i + 1], w, None) for i in range(m)])
+    assert torch.equal(_raw(impl)(x, w, None), rows)
 
 
 def test_linear_dispatch_routes(kernel):

@@ -85,9 +85,11 @@ def _compare_paths(tmp_path, dtype: str, quantization: str | None, needs: list[s
 
 
 def test_stack_slots_follow_the_extension_layout():
-    """The executor fills each layer's weights in the order the extension declares."""
+    """The executor fills each layer's weights in the order the extension declares, and the
+    `linear` op and the native stack share the extension's GEMV row limit for this host."""
     from anycore.engine.native_executor import native_layout
-    from anycore.kernels.dispatch import NATIVE_LINEAR_MAX_ROWS, select_ops
+    from anycore.kernels.dispatch import host_features, select_ops
+    from anycore.kernels.ops import native_linear_max_rows
 
     if select_ops().decoder_stack is None:
         pytest.skip("no native decoder stack here")
@@ -95,7 +97,8 @@ def test_stack_slots_follow_the_extension_layout():
     assert names[:4] == ("input_norm", "qkv.weight", "qkv.scale", "qkv.bias") and len(names) == 23
     assert names[16:] == ("router.weight", "experts.w13", "experts.w2", "experts.w13_scale", "experts.w2_scale",
                           "experts.routing", "shared_gate.weight")
-    assert max_rows == NATIVE_LINEAR_MAX_ROWS
+    # csrc/common/decoder_layout.h: 16 rows, 8 on x86 hosts whose oneDNN has AMX-BF16 tiles
+    assert max_rows == native_linear_max_rows() == (8 if host_features().has("amx_bf16") else 16)
 
 
 def test_hooked_linear_runs_op_by_op(tmp_path, tokenizer):
