@@ -40,6 +40,16 @@ class Router(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.ops.linear(x, self.weight)
 
+    # a hook (calibration statistics) must see this forward: the native stack built before it
+    # is rebuilt, and leaves a hooked router's layer to run op by op (NativeExecutor._sparse_args)
+    def register_forward_pre_hook(self, *args, **kwargs):
+        storage_replaced()
+        return super().register_forward_pre_hook(*args, **kwargs)
+
+    def register_forward_hook(self, *args, **kwargs):
+        storage_replaced()
+        return super().register_forward_hook(*args, **kwargs)
+
 
 class StackedExperts(nn.Module):
     """Every expert's SwiGLU weights, stacked; ``forward(x, router_logits)`` is one fused call.

@@ -208,7 +208,7 @@ class LlamaForCausalLM(nn.Module):
             v_start = attn.q_size + attn.kv_size
             v_bias = attn.qkv_proj.bias[v_start:] if attn.qkv_proj.bias is not None else None
             pairs.append(SmoothPair(attn.qkv_proj, layer.input_layernorm.weight))
-            if isinstance(mlp, MLP):  # (a sparse MLP's experts are quantized unsmoothed)
+            if isinstance(mlp, MLP):  # (a sparse MLP: MoeForCausalLM.sparse_mlp_smoothing)
                 up_rows = mlp.gate_up_proj.weight[mlp.down_proj.in_features :]
                 pairs += [SmoothPair(mlp.gate_up_proj, layer.post_attention_layernorm.weight),
                           SmoothPair(mlp.down_proj, up_rows)]

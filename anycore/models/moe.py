@@ -22,6 +22,8 @@ from anycore.kernels.ops import KernelOps
 from anycore.layers.linear import LinearMethod
 from anycore.layers.moe import Router, SparseMoeBlock, StackedExperts
 from anycore.layers.quant.compressed_tensors import W8A8_INT8
+from anycore.layers.quant.moe_smoothing import SparseMlpSmoothing
+from anycore.layers.quant.smoothing import SmoothPair
 from anycore.models.llama import MLP, LlamaForCausalLM, MakeLinear
 from anycore.models.registry import register
 from anycore.models.weight_loading import load_weights
@@ -50,6 +52,21 @@ class MoeForCausalLM(LlamaForCausalLM):
             shared = MLP(cfg, ops, linear, width=moe.shared_expert_intermediate_size)  # Qwen2-MoE's shared expert
             shared_gate = Router(h, 1, ops, dtype)
         return SparseMoeBlock(Router(h, moe.num_experts, ops, dtype), experts, shared, shared_gate)
+
+    def smooth_pairs(self) -> list[SmoothPair]:
+        """The dense pairs, plus each shared expert's up rows -> down (the norm side of a sparse
+        MLP is ``sparse_mlp_smoothing``'s)."""
+        pairs = super().smooth_pairs()
+        for layer in self.layers:
+            shared = getattr(layer.mlp, "shared_expert", None)
+            if shared is not None:
+                pairs.append(SmoothPair(shared.down_proj, shared.gate_up_proj.weight[shared.down_proj.in_features :]))
+        return pairs
+
+    def sparse_mlp_smoothing(self) -> list[SparseMlpSmoothing]:
+        """Every sparse MLP with the norm that feeds it (anycore.layers.quant.moe_smoothing)."""
+        return [SparseMlpSmoothing(layer.mlp, layer.post_attention_layernorm.weight.data) for layer in self.layers
+                if isinstance(layer.mlp, SparseMoeBlock)]
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         # Mixtral names its sparse MLP block_sparse_moe (experts w1/w3/w2: StackedExperts maps them)

@@ -12,6 +12,7 @@ from anycore.layers.embedding import LogitsHead, VocabEmbedding
 from anycore.layers.linear import Linear
 from anycore.layers.moe import StackedExperts
 from anycore.layers.quant.gguf_blocks import GGUF, GGUFLinearMethod
+from anycore.layers.quant.moe_smoothing import smooth_sparse_mlp
 from anycore.layers.quant.smoothing import collect_input_stats, smooth
 from anycore.layers.quant.w8a8_int8 import W8A8Int8LinearMethod
 
@@ -97,13 +98,17 @@ def _check_embedding_quantizable(model: nn.Module, lm_head: bool) -> None:
 def _quantize(model: nn.Module, make_method: Callable, run_calibration: Callable[[], object],
               alpha: float | None, lm_head: bool) -> None:
     pairs = model.smooth_pairs() if hasattr(model, "smooth_pairs") else []
+    sparse = model.sparse_mlp_smoothing() if hasattr(model, "sparse_mlp_smoothing") else []
     head = getattr(model, "lm_head", None) if lm_head else None
     if head is not None and not isinstance(head, LogitsHead):
         raise ValueError(f"{type(model).__name__} has no LogitsHead to quantize")
-    observed = [p.linear for p in pairs] + ([head] if head is not None else [])
+    observed = [p.linear for p in pairs] + [m.block.gate for m in sparse] + ([head] if head is not None else [])
     stats = collect_input_stats(observed, run_calibration) if observed else {}
     if pairs:
         smooth(pairs, stats, alpha)
+    for m in sparse:  # (the router reads what the experts read: its input's statistics are theirs)
+        smooth_sparse_mlp(m, stats[id(m.block.gate)], alpha)
+    del sparse
     # the pairs hold views of float weights (up rows, v rows): dropped before the loop below, so
     # each gate_up and qkv float weight is freed as soon as its int8 copy exists rather than at
     # the end
@@ -112,8 +117,7 @@ def _quantize(model: nn.Module, make_method: Callable, run_calibration: Callable
     for module in tqdm(linears, desc="quantizing", unit="linear", disable=None, leave=False):
         module.method = make_method()
         module.method.process_weights_after_loading(module)
-    # MoE experts: int8 per output channel of each expert, unsmoothed (their inputs are the
-    # post-attention norm's output, shared with the router, which stays float)
+    # MoE experts: int8 per output channel of each expert (smoothed above; the router stays float)
     for module in model.modules():
         if isinstance(module, StackedExperts):
             module.quantize_w8a8()

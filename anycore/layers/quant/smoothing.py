@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from importlib import resources
 
 import torch
+from torch import nn
 from tqdm import tqdm
 
 from anycore.kernels.int8 import quantize_weight_per_channel, w8a8_linear_torch
@@ -75,7 +76,7 @@ class InputStats:
 
 
 @torch.inference_mode()
-def collect_input_stats(linears: list[Linear], run_forward, stride: int = 6,
+def collect_input_stats(linears: list[nn.Module], run_forward, stride: int = 6,
                         max_rows: int = 512) -> dict[int, InputStats]:
     """Per-channel max |x| and RMS of each linear's input while ``run_forward()`` runs the
     model, and an evenly spaced sample of at most ``max_rows`` input rows (for the alpha search)."""
@@ -113,16 +114,18 @@ def collect_input_stats(linears: list[Linear], run_forward, stride: int = 6,
 def smoothing_factors(pair: SmoothPair, act: torch.Tensor, weight: torch.Tensor, alpha: float) -> torch.Tensor:
     """``s`` per input channel of ``pair.linear`` from the activation statistic ``act``, equal
     within channels that share a producer row."""
-    return _factors(pair, act, weight.abs().amax(dim=0), alpha)
+    return factors(act, weight.abs().amax(dim=0), alpha, pair.producer_rows)
 
 
-def _factors(pair: SmoothPair, act: torch.Tensor, w_colmax: torch.Tensor, alpha: float) -> torch.Tensor:
-    """smoothing_factors given the weight's per-input-channel max |w|."""
+def factors(act: torch.Tensor, w_colmax: torch.Tensor, alpha: float,
+            producer_rows: torch.Tensor | None = None) -> torch.Tensor:
+    """``s_j = a_j^alpha / w_j^(1-alpha)`` from a per-channel activation statistic and the
+    weight's per-input-channel max |w|; channels that share a producer row share one factor."""
     a = act.clamp(min=1e-5)
     w = w_colmax.clamp(min=1e-5)
-    if pair.producer_rows is not None:
-        n = int(pair.producer_rows.max()) + 1
-        idx = pair.producer_rows
+    if producer_rows is not None:
+        n = int(producer_rows.max()) + 1
+        idx = producer_rows
         a = torch.zeros(n).scatter_reduce(0, idx, a, "amax", include_self=False)[idx]
         w = torch.zeros(n).scatter_reduce(0, idx, w, "amax", include_self=False)[idx]
     return (a.pow(alpha) / w.pow(1 - alpha)).clamp(min=1e-5)
@@ -137,17 +140,30 @@ def w8a8_error(x: torch.Tensor, weight: torch.Tensor, s: torch.Tensor, reference
 
 
 def search_alpha(pair: SmoothPair, stats: InputStats, grid=ALPHA_GRID, max_rows: int = SEARCH_ROWS) -> float:
-    """The grid's alpha with the least simulated W8A8 output error. The error is a mean over
-    output channels: a linear with more than ``max_rows`` of them is scored on that many evenly
-    spaced ones (the factors still come from the whole weight; rows quantize independently)."""
-    weight = pair.linear.weight.data.float()
-    colmax = weight.abs().amax(dim=0)
+    """The grid's alpha with the least simulated W8A8 output error for ``pair``."""
+    return best_alpha(pair.linear.weight.data.float(), stats, pair.producer_rows, grid, max_rows)
+
+
+def best_alpha(weight: torch.Tensor, stats: InputStats, producer_rows: torch.Tensor | None = None,
+               grid=ALPHA_GRID, max_rows: int = SEARCH_ROWS, or_none: bool = False,
+               colmax: torch.Tensor | None = None) -> float | None:
+    """The grid's alpha whose factors (from ``stats.rms`` and the weight's per-input-channel max
+    |w|, ``colmax`` when given: ``weight`` is then rows sampled from a larger one) give the least
+    simulated W8A8 output error on ``stats.sample``; with ``or_none``, None when leaving the
+    weight unsmoothed gives less still. The error is a mean over output channels: a weight with
+    more than ``max_rows`` of them is scored on that many evenly spaced ones (rows quantize
+    independently)."""
+    if colmax is None:
+        colmax = weight.abs().amax(dim=0)
     if weight.shape[0] > max_rows:
         weight = weight[torch.linspace(0, weight.shape[0] - 1, max_rows).long()]
     x = stats.sample.float()
     reference = x @ weight.t()
-    errors = [(w8a8_error(x, weight, _factors(pair, stats.rms, colmax, a), reference), a) for a in grid]
-    return min(errors)[1]
+    errors = [(w8a8_error(x, weight, factors(stats.rms, colmax, a, producer_rows), reference), a) for a in grid]
+    best = min(errors)
+    if or_none and w8a8_error(x, weight, torch.ones_like(colmax), reference) <= best[0]:
+        return None
+    return best[1]
 
 
 @torch.inference_mode()
