@@ -47,8 +47,9 @@ class NativeSparseMlp:
 class NativeLayer:
     """One Llama-family decoder layer as the native stack reads it: pre-norm attention with a
     merged QKV projection (optional bias, optional q/k norm per head or over the whole
-    projection), then a merged gate/up SwiGLU MLP or a sparse MLP (``sparse``; gate_up / down
-    then its shared expert's, or None). Norms are RMSNorm modules, projections ``Linear``s."""
+    projection, optional q/k/v clamp ``clip_qkv``), then a merged gate/up SwiGLU MLP or a sparse
+    MLP (``sparse``; gate_up / down then its shared expert's, or None). Norms are RMSNorm
+    modules, projections ``Linear``s."""
 
     input_norm: nn.Module
     qkv: Linear
@@ -59,6 +60,7 @@ class NativeLayer:
     gate_up: Linear | None
     down: Linear | None
     sparse: NativeSparseMlp | None = None
+    clip_qkv: float | None = None
 
     def projections(self) -> tuple[Linear | None, ...]:
         return self.qkv, self.o, self.gate_up, self.down
@@ -197,6 +199,7 @@ class NativeExecutor:
             "q_norm": layer.q_norm.weight if layer.q_norm is not None else None,
             "k_norm": layer.k_norm.weight if layer.k_norm is not None else None,
             "post_norm": layer.post_norm.weight,
+            "clip_qkv": torch.tensor([layer.clip_qkv], dtype=torch.float32) if layer.clip_qkv is not None else None,
         }
         impls = []
         for name, proj in zip(("qkv", "o", "gate_up", "down"), layer.projections()):

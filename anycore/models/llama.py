@@ -96,11 +96,9 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops, dtype)
 
     def native_layer(self) -> NativeLayer | None:
-        """The layer in the native stack's slots, or None when it has a block they lack (clipped
-        q/k/v, an MLP other than SwiGLU or a sparse MLP of SwiGLU experts)."""
+        """The layer in the native stack's slots, or None when it has a block they lack (an MLP
+        other than SwiGLU or a sparse MLP of SwiGLU experts)."""
         attn, mlp = self.self_attn, self.mlp
-        if attn.clip_qkv is not None:
-            return None
         sparse = None
         if isinstance(mlp, SparseMoeBlock):
             shared = mlp.shared_expert
@@ -113,7 +111,7 @@ class DecoderLayer(nn.Module):
         else:
             return None
         return NativeLayer(self.input_layernorm, attn.qkv_proj, attn.q_norm, attn.k_norm, attn.o_proj,
-                           self.post_attention_layernorm, gate_up, down, sparse)
+                           self.post_attention_layernorm, gate_up, down, sparse, attn.clip_qkv)
 
     def forward(self, hidden, residual, cos, sin, batch: ForwardBatch):
         if residual is None:

@@ -211,6 +211,7 @@ bool layer_ptrs(const Weights& w, int64_t w0, const int64_t* lin, int64_t hidden
     return g.dense ? g.n : 0;
   };
   if (get(kRouter)) return false;  // a sparse MLP: its experts run in fused_moe's own call
+  if (get(kClipQkv)) return false;  // (clamped q/k/v: the stack's layer-by-layer path)
   out.q_norm = out.k_norm = nullptr;
   if (get(kQNorm) && !(vec(kQNorm, head_dim, out.q_norm) && vec(kKNorm, head_dim, out.k_norm))) return false;
   if (!(vec(kInputNorm, hidden, out.input_norm) && vec(kPostNorm, hidden, out.post_norm) &&

@@ -165,6 +165,17 @@ std::tuple<at::Tensor, at::Tensor> run_layer(const at::Tensor& hidden, const std
     q_src = qn.data_ptr(), k_src = kn.data_ptr();
     q_stride = q_size, k_stride = kv_size;
   }
+  if (auto clip = optional(weights, w0 + kClipQkv)) {
+    // OLMoE: q, k and v clamped after the norms, as torch's clamp does it (Attention.forward)
+    TORCH_CHECK(clip->scalar_type() == at::kFloat && clip->numel() == 1, "clip_qkv must be fp32 [1]");
+    const double c = clip->item<double>();
+    if (qn.defined()) {
+      qn.clamp_(-c, c), kn.clamp_(-c, c);
+      qkv.narrow(1, q_size + kv_size, kv_size).clamp_(-c, c);
+    } else {
+      qkv.clamp_(-c, c);  // (the projection's own output: q, k and v at once)
+    }
+  }
   auto rotary = ANYCORE_PICK(apply_rotary, op_impls[kOpRotary], dt);
   const float* cos = in.cos.data_ptr<float>();
   const float* sin = in.sin.data_ptr<float>();

@@ -19,18 +19,19 @@ namespace anycore::ops {
 // activation dtype, the stacked experts as fused_moe / fused_moe_w8a8 take them (the scales
 // given: int8 experts packed by that variant), int64 [2] (top_k, renormalize); a shared expert
 // (Qwen2-MoE) fills gate_up / down and its sigmoid gate [1, hidden] shared_gate; without one
-// they stay empty. Dense layers leave the sparse slots empty.
+// they stay empty. Dense layers leave the sparse slots empty. clip_qkv (OLMoE's, when set): fp32 [1] c,
+// q, k (after their norms) and v clamped to [-c, c].
 enum WeightIndex : int {
   kInputNorm, kQkv, kQkvScale, kQkvBias, kQNorm, kKNorm, kO, kOScale, kOBias,
   kPostNorm, kGateUp, kGateUpScale, kGateUpBias, kDown, kDownScale, kDownBias,
-  kRouter, kExpertsW13, kExpertsW2, kExpertsW13Scale, kExpertsW2Scale, kExpertsRouting, kSharedGate, kNumWeights
+  kRouter, kExpertsW13, kExpertsW2, kExpertsW13Scale, kExpertsW2Scale, kExpertsRouting, kSharedGate, kClipQkv, kNumWeights
 };
 // the slot names Python fills, in WeightIndex order
 inline constexpr const char* kWeightNames[kNumWeights] = {
     "input_norm", "qkv.weight", "qkv.scale", "qkv.bias", "q_norm", "k_norm", "o.weight", "o.scale", "o.bias",
     "post_norm", "gate_up.weight", "gate_up.scale", "gate_up.bias", "down.weight", "down.scale", "down.bias",
     "router.weight", "experts.w13", "experts.w2", "experts.w13_scale", "experts.w2_scale", "experts.routing",
-    "shared_gate.weight"};
+    "shared_gate.weight", "clip_qkv"};
 // projections' variants; kLinRouter: the `linear` variant of the router and shared gate (-1: at::linear),
 // kLinExperts: the fused_moe variant (float experts) or fused_moe_w8a8's (int8); -1 in dense layers
 enum LinearIndex : int { kLinQkv, kLinO, kLinGateUp, kLinDown, kLinRouter, kLinExperts, kNumLinears };

@@ -58,6 +58,21 @@ def test_native_stack_runs_moe_layers_bit_identically(tmp_path, tokenizer, name,
     _compare_paths(tmp_path, dtype, quantization, stack_ops(quantization, moe=True))
 
 
+@pytest.mark.parametrize("quantization", [None, "w8a8_int8"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_native_stack_clamps_olmoe_qkv_bit_identically(tmp_path, tokenizer, dtype, quantization):
+    """OLMoE's clip_qkv (q, k after their whole-projection norms, and v clamped) in the stack,
+    at a bound the random projections cross (their outputs reach ~±2)."""
+    write_moe_checkpoint(tmp_path, "olmoe", tokenizer, clip_qkv=0.5)
+    _compare_paths(tmp_path, dtype, quantization, stack_ops(quantization, moe=True))
+    # the bound bites: the same weights unclipped score otherwise
+    write_moe_checkpoint(tmp_path / "unclipped", "olmoe", tokenizer)
+    ids = list(range(3, 40))
+    clipped = LLM(model=str(tmp_path), dtype=dtype, kv_cache_gb=0.01).engine.score(ids)
+    free = LLM(model=str(tmp_path / "unclipped"), dtype=dtype, kv_cache_gb=0.01).engine.score(ids)
+    assert not torch.allclose(clipped.float(), free.float(), atol=1e-2)
+
+
 def _compare_paths(tmp_path, dtype: str, quantization: str | None, needs: list[str]) -> None:
     results = {}
     for mode in ("stack", "off"):
@@ -94,9 +109,9 @@ def test_stack_slots_follow_the_extension_layout():
     if select_ops().decoder_stack is None:
         pytest.skip("no native decoder stack here")
     names, max_rows = native_layout()
-    assert names[:4] == ("input_norm", "qkv.weight", "qkv.scale", "qkv.bias") and len(names) == 23
+    assert names[:4] == ("input_norm", "qkv.weight", "qkv.scale", "qkv.bias") and len(names) == 24
     assert names[16:] == ("router.weight", "experts.w13", "experts.w2", "experts.w13_scale", "experts.w2_scale",
-                          "experts.routing", "shared_gate.weight")
+                          "experts.routing", "shared_gate.weight", "clip_qkv")
     # csrc/common/decoder_layout.h: 16 rows, 8 on x86 hosts whose oneDNN has AMX-BF16 tiles
     assert max_rows == native_linear_max_rows() == (8 if host_features().has("amx_bf16") else 16)
 
