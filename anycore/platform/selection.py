@@ -27,14 +27,15 @@ OPS = OP_NAMES
 ELEMENTWISE, ATTENTION, GEMV, INT8, GGUF = (
     ops_of(f) for f in ("elementwise", "attention", "gemv", "int8", "gguf"))
 # what a vector variant (kernels_impl.h ANYCORE_DEFINE_TABLE) declares; `linear` (GEMV) only
-# where it beats torch (see below), so not in generic or avx2
+# where it beats torch (see below), so not in generic
 _VECTOR_OPS = ELEMENTWISE + ATTENTION + GEMV
 TORCH_NATIVE = "torch-native"
 REFERENCE = "reference"
 ENV_OVERRIDE = "ANYCORE_KERNELS"
 # `linear` (bf16 GEMV for decode, at most native_linear_max_rows() rows, kernels/ops.py; F.linear beyond) runs on:
 # - x86-64: the AVX-512 variants, measured faster than torch's F.linear (oneDNN) there for bf16
-#   decode. AVX2 keeps torch-native.
+#   decode; avx2 too: where oneDNN has no bf16 GEMM (AVX2-only CPUs such as Zen 3) its bf16
+#   F.linear is 1.3-2x slower than avx2's GEMV at 1-16 rows (1536 x 576, 2 threads, Zen 3).
 # - aarch64: neon (every Arm CPU), neon_bf16 (BFDOT), sve256 (SVE BFDOT). Chosen because a native multiply for every
 #   projection lets the whole decode step run as one native call (decoder_stack / the decode
 #   team; on x86 kernels on vs off measured 4.2-4.7x for bf16 decode), NOT because it was timed
@@ -43,8 +44,10 @@ ENV_OVERRIDE = "ANYCORE_KERNELS"
 #   stack then calls at::linear for the projections, and the decode team stays off).
 # Elsewhere (generic, other architectures) torch-native (F.linear) replaces it.
 # `w8a8_linear` (W8A8 INT8 GEMM/GEMV, weight pre-packed per variant) runs on the int8 dot-product
-# variants (avx512_vnni: VPDPBUSD; dotprod: SDOT; i8mm: SMMLA) and on generic C++ elsewhere;
-# without the extension torch-native (torch._int_mm) replaces it.
+# variants (avx512_vnni: VPDPBUSD; dotprod: SDOT; i8mm: SMMLA), on avx2 (VPMADDUBSW: x86
+# without VNNI, where torch._int_mm has no fast kernel: 387 ms for 512 x 576 x 1536 on Zen 3,
+# avx2's 4.3 ms) and on generic C++ elsewhere; without the extension torch-native
+# (torch._int_mm) replaces it.
 # `gguf_linear` (GGUF Q4_0/Q4_1/Q5_0/Q8_0/Q4_K/Q5_K/Q6_K blocks, int8 activations per 32-block)
 # runs on the int8 dot-product variants that have it (avx512_vnni: VPDPBUSD; dotprod: SDOT), on
 # avx2 (VPMADDUBSW, x86 without VNNI) and generic C++ elsewhere; without the extension
@@ -76,8 +79,9 @@ VARIANTS: tuple[Variant, ...] = (
     Variant("generic", "any", (), 0, "generic/generic.cpp", (), ELEMENTWISE + ATTENTION + INT8 + GGUF,
             "portable C++ at the architecture's baseline ISA"),
     # x86-64
-    Variant("avx2", "x86_64", ("avx2", "fma", "f16c"), 10, "x86/avx2.cpp", _X86_AVX2, ELEMENTWISE + ATTENTION + GGUF,
-            "AVX2+FMA intrinsics; GGUF blocks on VPMADDUBSW"),
+    Variant("avx2", "x86_64", ("avx2", "fma", "f16c"), 10, "x86/avx2.cpp", _X86_AVX2,
+            ELEMENTWISE + ATTENTION + GEMV + INT8 + GGUF,
+            "AVX2+FMA intrinsics; W8A8 and GGUF blocks on VPMADDUBSW"),
     Variant("avx512", "x86_64", ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl"), 20,
             "x86/avx512.cpp", _X86_AVX512, _VECTOR_OPS, "AVX-512 intrinsics, bf16 converted in software"),
     Variant("avx512_vnni", "x86_64", ("avx512f", "avx512bw", "avx512vl", "avx512_vnni"), 25,

@@ -42,9 +42,8 @@ def _expect(op_impl: str, **per_op: str) -> dict[str, str]:
 @pytest.mark.parametrize(
     "features, available, expected",
     [
-        (X86_AVX2, ALL_X86, _expect("avx2", linear="torch-native", fused_moe="torch-native", w8a8_linear="torch-native",
-                                    gguf_linear="avx2")),
-        (X86_AVX512, ALL_X86, _expect("avx512", w8a8_linear="torch-native", gguf_linear="avx2")),
+        (X86_AVX2, ALL_X86, _expect("avx2")),
+        (X86_AVX512, ALL_X86, _expect("avx512", w8a8_linear="avx2", gguf_linear="avx2")),
         (X86_AVX512_BF16, ALL_X86, _expect("avx512_bf16", w8a8_linear="avx512_vnni", gguf_linear="avx512_vnni")),
         (X86_AMX, ALL_X86, _expect("avx512_bf16", w8a8_linear="amx", gguf_linear="avx512_vnni")),
         (ARM_NEON, ALL_ARM, _expect("neon", w8a8_linear="generic", gguf_linear="generic")),
@@ -139,7 +138,7 @@ def test_variant_missing_from_build_warns_and_falls_back():
     assert any("sve usable on this CPU but the extension was built without it" in w for w in s.warnings)
 
 
-def test_linear_is_native_on_x86_avx512_and_arm_only():
+def test_linear_is_native_on_x86_and_arm_only():
     assert sel.select(ARM_NEON, ALL_ARM).impl("linear") == "neon"
     s = sel.select(ARM_DOTPROD, ALL_ARM)
     reason = next(c.reason for c in s.choices if c.op == "linear")
@@ -148,9 +147,10 @@ def test_linear_is_native_on_x86_avx512_and_arm_only():
     s = sel.select(RISCV, ("generic",))
     reason = next(c.reason for c in s.choices if c.op == "linear")
     assert s.impl("linear") == "torch-native" and "no native variant of linear on riscv64" in reason
-    s = sel.select(X86_AVX2, ALL_X86)  # generic has no linear either
-    assert s.impl("linear") == "torch-native" and "avx512: CPU lacks" in next(c.reason for c in s.choices
-                                                                              if c.op == "linear")
+    s = sel.select(X86_AVX2, ALL_X86)
+    assert s.impl("linear") == "avx2" and "avx512: CPU lacks" in next(c.reason for c in s.choices
+                                                                      if c.op == "linear")
+    assert sel.select(X86_AVX2, ("generic",)).impl("linear") == "torch-native"  # generic has no linear
     s = sel.select(ARM_NEON, ALL_ARM, "linear=torch-native")  # F.linear on request
     assert s.impl("linear") == "torch-native" and not s.warnings
 
@@ -159,13 +159,14 @@ def test_linear_is_native_on_x86_avx512_and_arm_only():
 @pytest.mark.parametrize(
     "features, available, expected",
     [
-        (X86_AVX512_BF16, ("generic", "avx2", "avx512", "avx512_bf16"), "torch-native"),  # built without vnni
+        (X86_AVX512_BF16, ("generic", "avx2", "avx512", "avx512_bf16"), "avx2"),  # built without vnni
+        (X86_AVX512_BF16, ("generic", "avx512", "avx512_bf16"), "torch-native"),  # nor avx2
         (X86_AMX, ("generic", "avx2", "avx512", "avx512_vnni", "avx512_bf16"), "avx512_vnni"),  # no amx build
         (CpuFeatures("x86_64", X86_AVX512.flags | {"avx512_vnni"}), ALL_X86, "avx512_vnni"),  # Cascade Lake
         (ARM_SVE_I8MM, ("generic", "neon", "dotprod", "sve"), "dotprod"),
         (CpuFeatures("aarch64", ARM_NEON.flags | {"i8mm"}), ALL_ARM, "i8mm"),
     ],
-    ids=["vnni_not_built", "amx_not_built", "vnni_without_bf16", "i8mm_not_built", "i8mm_without_dotprod"],
+    ids=["vnni_not_built", "vnni_avx2_not_built", "amx_not_built", "vnni_without_bf16", "i8mm_not_built", "i8mm_without_dotprod"],
 )
 def test_w8a8_linear_choice(features, available, expected):
     assert sel.select(features, available).impl("w8a8_linear") == expected
@@ -176,8 +177,10 @@ def test_w8a8_linear_overrides_and_reasons():
     assert s.impl("w8a8_linear") == "torch-native" and s.impl("rms_norm") == "avx512_bf16"
     assert sel.select(X86_AMX, ALL_X86, "w8a8_linear=avx512_vnni").impl("w8a8_linear") == "avx512_vnni"
     s = sel.select(X86_AVX512, ALL_X86, "w8a8_linear=avx512_vnni")  # CPU lacks VNNI: refused
-    assert s.impl("w8a8_linear") == "torch-native" and any("CPU lacks avx512_vnni" in w for w in s.warnings)
+    assert s.impl("w8a8_linear") == "avx2" and any("CPU lacks avx512_vnni" in w for w in s.warnings)
+    s = sel.select(X86_AVX512, ("generic", "avx512"))
     reason = next(c.reason for c in s.choices if c.op == "w8a8_linear")
+    assert s.impl("w8a8_linear") == "torch-native"
     assert "generic: slower than torch-native for w8a8_linear on x86_64" in reason
     assert sel.select(X86_AVX2, ALL_X86, "w8a8_linear=generic").impl("w8a8_linear") == "generic"
     s = sel.select(X86_AVX512_BF16, ALL_X86, "rms_norm=avx512_vnni")  # variant lacks the op: refused
