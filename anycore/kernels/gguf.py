@@ -37,7 +37,9 @@ That is for at most ``INT8_MAX_ROWS`` activation rows (decode, small batches). M
 (prefill) take the simpler path: the blocks dequantized to the activation dtype, then a float
 GEMM (``F.linear``; oneDNN), which on this project's CPUs beats the per-block int8 tiles
 once a call has more than a few rows (SmolLM2 gate_up, 64 rows, one thread: 5.0 ms int8 tiles vs
-~2.3 ms dequantize + bf16 GEMM).
+~2.3 ms dequantize + bf16 GEMM). Where oneDNN has no bf16 GEMM (AVX2-only x86), bf16
+activations take the fp32 one: the blocks dequantized to fp32 (exactly), the result rounded
+to bf16.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ import torch
 import torch.nn.functional as F
 
 from anycore.kernels import gguf_kquants as K
+from anycore.kernels.onednn import has_bf16_gemm
 
 BLOCK = 32
 INT8_MAX_ROWS = 16  # csrc/common/kernel_table.h kGgufInt8MaxRows
@@ -263,5 +266,9 @@ def gguf_linear_torch(x: torch.Tensor, qweight: torch.Tensor, qtype: int,
 
 
 def _dense(x: torch.Tensor, qweight: torch.Tensor, qtype: int, bias: torch.Tensor | None) -> torch.Tensor:
-    """The prefill path: blocks dequantized to x's dtype, then F.linear."""
+    """The prefill path: blocks dequantized to x's dtype, then F.linear (fp32 for bf16 x where
+    oneDNN has no bf16 GEMM, as the native kernels run it)."""
+    if x.dtype is torch.bfloat16 and not has_bf16_gemm():
+        y = F.linear(x.float(), dequantize(qweight, qtype, torch.float32), None if bias is None else bias.float())
+        return y.to(torch.bfloat16)
     return F.linear(x, dequantize(qweight, qtype, x.dtype), None if bias is None else bias.to(x.dtype))

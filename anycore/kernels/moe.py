@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from anycore.kernels.int8 import quantize_per_token, w8a8_linear_reference
+from anycore.kernels.onednn import float_linear
 
 
 def route(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -95,8 +96,8 @@ def fused_moe_torch(
         tokens = pairs // top_k
         rows = x[tokens]
         if w13_scale is None:
-            gate_up = F.linear(rows, w13[e])
-            y = F.linear(F.silu(gate_up[:, :inter]) * gate_up[:, inter:], w2[e])
+            gate_up = float_linear(rows, w13[e])
+            y = float_linear(F.silu(gate_up[:, :inter]) * gate_up[:, inter:], w2[e])
         else:
             gate_up = _int8_linear(rows, w13[e], w13_scale[e])
             y = _int8_linear(F.silu(gate_up[:, :inter]) * gate_up[:, inter:], w2[e], w2_scale[e])

@@ -115,7 +115,7 @@ OP_SPECS: tuple[OpSpec, ...] = (
            lambda q, k_cache, v_cache, q_start_loc, seq_lens, slot_table, scale:
                _native_floats(q) and q.shape[-1] <= _MAX_HEAD_DIM,
            doc="paged_attention(q, k_cache, v_cache, q_start_loc, seq_lens, slot_table, scale)"),
-    OpSpec("linear", reference.linear, reference.linear, "gemv", _linear_native_when,
+    OpSpec("linear", reference.linear, torch_native.linear, "gemv", _linear_native_when,
            doc="linear(x, weight, bias=None): F.linear's semantics (native for bf16 decode GEMV)"),
     OpSpec("w8a8_linear", int8.REFERENCE_W8A8, int8.TORCH_NATIVE_W8A8, "int8", bind=int8.native_int8_linear,
            doc="w8a8_linear(x, packed, w_scale, bias=None), an Int8Linear: its pack(qweight [N, K]) makes "

@@ -13,8 +13,12 @@ import torch
 import torch.nn.functional as F
 
 from anycore.kernels import reference
+from anycore.kernels.onednn import float_linear
 
-__all__ = ["paged_attention", "paged_attention_window"]
+__all__ = ["linear", "paged_attention", "paged_attention_window"]
+
+# F.linear, widened to fp32 for bf16 prefill rows where oneDNN has no bf16 GEMM
+linear = float_linear
 
 
 def paged_attention(

@@ -40,12 +40,13 @@ std::optional<at::Tensor> optional(const Weights& w, int64_t i) {
 
 // One projection. GGUF blocks when the weight is uint8; W8A8 when it has a scale; dense otherwise, on the native GEMV only for bf16
 // with at most native_linear_max_rows() rows (measured faster than oneDNN there on x86; on Arm chosen so decode runs as
-// one native call, not timed: the same rule as `linear` in kernels/ops.py), at::linear for everything else or when impl < 0.
+// one native call, not timed: the same rule as `linear` in kernels/ops.py), ATen's GEMM (float_linear) for everything
+// else or when impl < 0.
 at::Tensor dense(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias, int64_t impl) {
   if (impl >= 0 && x.scalar_type() == at::kBFloat16 && weight.scalar_type() == at::kBFloat16 && x.size(0) <= native_linear_max_rows() &&
       weight.is_contiguous())
     return linear(x, weight, bias, impl);
-  return at::linear(x, weight, bias);
+  return float_linear(x, weight, bias);
 }
 
 at::Tensor project(const at::Tensor& x, const Weights& w, int64_t first, int64_t impl) {

@@ -35,14 +35,14 @@ namespace anycore::ops {
 
 namespace {
 
-// out[m, n] = x[m, k] . w[n, k]: the variant's GEMV where the dense rule takes it, else at::mm.
+// out[m, n] = x[m, k] . w[n, k]: the variant's GEMV where the dense rule takes it, else ATen's GEMM.
 void project(at::Tensor out, const at::Tensor& x, const at::Tensor& w, int dt, int64_t impl) {
   const int64_t m = x.size(0);
   LinearFn gemv = table(impl).linear[dt];
   if (dt == 1 && m <= native_linear_max_rows() && gemv != nullptr) {
     gemv(out.data_ptr(), x.data_ptr(), x.stride(0), w.data_ptr(), nullptr, m, w.size(0), w.size(1));
   } else {
-    at::mm_out(out, x, w.t());
+    float_mm_out(out, x, w);
   }
 }
 

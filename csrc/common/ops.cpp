@@ -343,8 +343,6 @@ const GgufKernels& gguf_table(int64_t impl) {
   return t.gguf.gguf_linear ? t.gguf : generic_table().gguf;
 }
 
-namespace {
-
 // Whether oneDNN has a bf16 GEMM of its own on this CPU (torch's own test: AVX-512 BW/VL/DQ,
 // AMX or Arm's BF16). Without one (an AVX2-only x86 such as Zen 3) a bf16 at::linear ran at
 // ~9 GFLOP/s against ~80 in fp32 on one Zen 3 core (512 x 576 x 3072).
@@ -356,13 +354,37 @@ bool onednn_has_bf16_gemm() {
   return has;
 }
 
+namespace {
+bool widen_gemm(const at::Tensor& x, const at::Tensor& w) {
+  return x.scalar_type() == at::kBFloat16 && w.scalar_type() == at::kBFloat16 && x.numel() >= kWidenMinRows * x.size(-1) &&
+         !onednn_has_bf16_gemm();
+}
+}  // namespace
+
+at::Tensor float_linear(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& bias) {
+  if (!widen_gemm(x, w)) return at::linear(x, w, bias);
+  std::optional<at::Tensor> b;
+  if (bias.has_value() && bias->defined()) b = bias->to(at::kFloat);
+  return at::linear(x.to(at::kFloat), w.to(at::kFloat), b).to(at::kBFloat16);
+}
+
+void float_mm_out(at::Tensor& out, const at::Tensor& x, const at::Tensor& w) {
+  if (!widen_gemm(x, w)) {
+    at::mm_out(out, x, w.t());
+    return;
+  }
+  out.copy_(at::mm(x.to(at::kFloat), w.t().to(at::kFloat)));
+}
+
+namespace {
+
 // More than kGgufInt8MaxRows activation rows (prefill): the blocks dequantized to x's dtype by
 // variant impl's kernel, then at::linear (oneDNN's GEMM), as anycore/kernels/gguf.py specifies;
 // where oneDNN has no bf16 GEMM, bf16 activations take the fp32 one (the weight dequantized to
 // fp32, exactly; the result rounded to bf16), the float GEMM that is fast there.
 at::Tensor gguf_dense_linear(const at::Tensor& x_in, const at::Tensor& qweight, int qtype, int64_t n, int64_t k,
                              const std::optional<at::Tensor>& bias, int64_t impl) {
-  const bool widen = x_in.scalar_type() == at::kBFloat16 && !onednn_has_bf16_gemm();
+  const bool widen = x_in.scalar_type() == at::kBFloat16 && !onednn_has_bf16_gemm();  // (any rows: > 16 here)
   const at::Tensor x = widen ? x_in.to(at::kFloat) : x_in;
   // straight into x's dtype (no fp32 copy of the whole weight)
   at::Tensor w = at::empty({n, k}, x.options());

@@ -37,6 +37,13 @@ at::Tensor tree_attention(const at::Tensor& q, const at::Tensor& k, const at::Te
                           const at::Tensor& q_start_loc, const at::Tensor& seq_lens, const at::Tensor& slot_table,
                           const at::Tensor& mask, double scale, int64_t impl, int64_t splits);
 at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& bias, int64_t impl);
+// ATen's float GEMM for what the native GEMV does not take (prefill rows), the same rule as
+// anycore/kernels/torch_native.py linear: where oneDNN has no bf16 GEMM (AVX2-only x86), bf16 x
+// and w of at least kWidenMinRows rows are widened to fp32 and the result rounded back to bf16.
+constexpr int64_t kWidenMinRows = 4;
+bool onednn_has_bf16_gemm();
+at::Tensor float_linear(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& bias);
+void float_mm_out(at::Tensor& out, const at::Tensor& x, const at::Tensor& w);  // out = x . w^T
 at::Tensor w8a8_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& w_scale,
                        const std::optional<at::Tensor>& bias, int64_t impl);
 at::Tensor int8_unpack(const at::Tensor& packed, int64_t n, int64_t k, int64_t impl,

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from anycore.kernels import gguf as G
+from anycore.kernels.onednn import has_bf16_gemm
 
 OP = "gguf_linear"
 FORMATS = sorted(G.FILE_FORMATS)
@@ -99,14 +100,24 @@ def test_int8_rows_up_to_the_limit(kernel, qtype):
     check(kernel, G.INT8_MAX_ROWS, 131, 1536, qtype, torch.float32, bias=True)
 
 
+def _dense_expected(x, w, qtype, b=None):
+    """F.linear on the blocks dequantized to x's dtype; for bf16 where oneDNN has no bf16 GEMM
+    (AVX2-only x86), the fp32 one on the blocks dequantized to fp32, rounded to bf16."""
+    if x.dtype is torch.bfloat16 and not has_bf16_gemm():
+        y = torch.nn.functional.linear(x.float(), G.dequantize(w, qtype, torch.float32), None if b is None else b.float())
+        return y.to(x.dtype)
+    return torch.nn.functional.linear(x, G.dequantize(w, qtype, x.dtype), b)
+
+
 @pytest.mark.parametrize("qtype", FORMATS, ids=[G.FORMATS[t][0] for t in FORMATS])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_prefill_rows_run_the_dequantized_weight(kernel, qtype, dtype):
-    """More than INT8_MAX_ROWS rows: F.linear on the blocks dequantized to x's dtype."""
+    """More than INT8_MAX_ROWS rows: F.linear on the blocks dequantized to x's dtype, or for
+    bf16 where oneDNN has no bf16 GEMM (AVX2-only x86), to fp32 with the result rounded."""
     w = random_blocks(37, 320, qtype)
     x = torch.randn(G.INT8_MAX_ROWS + 1, kshape(320, qtype)).to(dtype)
     b = torch.randn(37).to(dtype)
-    expected = torch.nn.functional.linear(x, G.dequantize(w, qtype, dtype), b)
+    expected = _dense_expected(x, w, qtype, b)
     torch.testing.assert_close(kernel(x, w, qtype, b), expected)
     torch.testing.assert_close(G.gguf_linear_reference(x, w, qtype, b), expected)
 
@@ -226,8 +237,7 @@ def test_interleaved_prefill_rows_run_the_dequantized_weight(kernel, qtype):
     """Dequantizing the interleaved tiles gives the file rows' bits: the same F.linear result."""
     w = random_blocks(48, 320, qtype)
     x = torch.randn(G.INT8_MAX_ROWS + 1, 320).to(torch.bfloat16)
-    expected = torch.nn.functional.linear(x, G.dequantize(w, qtype, torch.bfloat16))
-    torch.testing.assert_close(kernel(x, w, qtype), expected)
+    torch.testing.assert_close(kernel(x, w, qtype), _dense_expected(x, w, qtype))
     file_rows = G.deinterleave16(w, qtype)
     assert torch.equal(kernel(x, w, qtype), kernel(x, file_rows, G.file_type(qtype)))
 
