@@ -15,6 +15,7 @@ namespace {
 struct VecAvx2 {
   static constexpr int W = 16;
   static constexpr bool kBf16Dot = false;
+  static constexpr bool kBf16Tile = true;  // dot_tile below (the GEMV's multi-row tile)
   __m256 v[2];
 
   static VecAvx2 set1(float a) {
@@ -113,6 +114,51 @@ struct VecAvx2 {
              _mm256_castsi256_ps(_mm256_slli_epi32(bf16_bits(v[1]), 16))}};
   }
   static float dot_bf16(const bf16*, const bf16*, int64_t) { return 0.0f; }
+
+  // res[i * 4 + r] = dot(x + i * xs, w + r * k) for i < MR <= 4, r < nr <= 4 (gemv_kernels.h).
+  // No bf16 dot product here, so every bf16 is widened to fp32 (a shift) before its FMA: the
+  // MR activation rows once per chunk of kChunk into a stack buffer, each weight vector once
+  // for all MR rows. Each weight row is read from its start to its end (one sequential stream,
+  // see vec_avx512.h dot_tile) when k <= kChunk, every projection of the models served so far.
+  // A row sums in the same order whatever MR (two accumulators over alternate 8-lane halves,
+  // chunk by chunk), so its result does not depend on the batch it came in.
+  static constexpr int64_t kChunk = 2048;
+  template <int MR>
+  static void dot_tile(const bf16* x, int64_t xs, const bf16* w, int64_t k, int64_t nr, float* res) {
+    alignas(32) float xf[MR][kChunk + W];
+    for (int i = 0; i < MR; ++i)
+      for (int64_t r = 0; r < nr; ++r) res[i * 4 + r] = 0.0f;
+    for (int64_t c0 = 0; c0 < k; c0 += kChunk) {
+      const int64_t len = k - c0 < kChunk ? k - c0 : kChunk, full = len / W * W;
+      for (int i = 0; i < MR; ++i) {
+        const bf16* xr = x + i * xs + c0;
+        int64_t j = 0;
+        for (; j < full; j += W) load(xr + j).store(xf[i] + j);
+        if (j < len) load_n(xr + j, static_cast<int>(len - j)).store(xf[i] + j);  // zero-padded
+      }
+      for (int64_t r = 0; r < nr; ++r) {
+        const bf16* wr = w + r * k + c0;
+        __m256 acc[MR][2];
+        for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+        int64_t j = 0;
+        for (; j < full; j += W) {
+          const VecAvx2 wv = load(wr + j);
+          for (int i = 0; i < MR; ++i) {
+            acc[i][0] = _mm256_fmadd_ps(_mm256_load_ps(xf[i] + j), wv.v[0], acc[i][0]);
+            acc[i][1] = _mm256_fmadd_ps(_mm256_load_ps(xf[i] + j + 8), wv.v[1], acc[i][1]);
+          }
+        }
+        if (j < len) {
+          const VecAvx2 wv = load_n(wr + j, static_cast<int>(len - j));
+          for (int i = 0; i < MR; ++i) {
+            acc[i][0] = _mm256_fmadd_ps(_mm256_load_ps(xf[i] + j), wv.v[0], acc[i][0]);
+            acc[i][1] = _mm256_fmadd_ps(_mm256_load_ps(xf[i] + j + 8), wv.v[1], acc[i][1]);
+          }
+        }
+        for (int i = 0; i < MR; ++i) res[i * 4 + r] += hsum(_mm256_add_ps(acc[i][0], acc[i][1]));
+      }
+    }
+  }
 };
 
 }  // namespace
