@@ -27,6 +27,7 @@ struct VecNeon {
   static constexpr bool kBf16Dot = false;
 #endif
   static constexpr bool kBf16PairDot = kBf16Dot;  // dot_pairs below
+  static constexpr bool kBf16Tile = kBf16Dot;     // dot_tile below
   float32x4_t v[4];
 
   static VecNeon set1(float a) {

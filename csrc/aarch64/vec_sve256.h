@@ -37,6 +37,7 @@ struct VecSve256 {
   static constexpr int W = 16;
   static constexpr int kHalf = 8;  // fp32 lanes per SVE register at 256 bits
   static constexpr bool kBf16Dot = true;
+  static constexpr bool kBf16Tile = true;  // dot_tile below
   f32x8_t v[2];
 
   static pred256_t all() { return svptrue_b32(); }

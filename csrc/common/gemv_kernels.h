@@ -2,7 +2,6 @@
 // (ANYCORE_GEMV_KERNELS in kernel_table.h).
 #pragma once
 #include <cstdint>
-#include <type_traits>
 
 #include "kernel_helpers.h"
 #include "parallel.h"
@@ -10,15 +9,8 @@
 namespace anycore {
 namespace {
 
-// A vector type with V::dot_tile: a bf16 tile of up to 4 activation rows x 4 weight rows that
-// loads each weight vector once (VDPBF16PS, BFDOT; on AVX2 widening to fp32). kBf16Tile, where
-// a type declares it, says so apart from kBf16Dot (AVX2 has the tile, not the dot product).
-template <typename V, typename = void>
-inline constexpr bool kDotTile = V::kBf16Dot;
-template <typename V>
-inline constexpr bool kDotTile<V, std::void_t<decltype(V::kBf16Tile)>> = V::kBf16Tile;
-
-// V::dot_tile<MR> for mr activation rows.
+// The bf16 tile of a kBf16Tile vector type (up to 4 activation rows x 4 weight rows, each weight
+// vector loaded once: VDPBF16PS, BFDOT, or on AVX2 widened to fp32): V::dot_tile<MR> for mr rows.
 template <typename V>
 inline void dot_tile_bf16(const bf16* x, int64_t xs, int64_t mr, const bf16* w, int64_t k, int64_t nr,
                           float* res) {
@@ -47,7 +39,7 @@ void linear_kernel(void* out_, const void* x_, int64_t xs, const void* w_, const
       for (int64_t i0 = 0; i0 < m; i0 += kCols) {
         const int64_t mr = m - i0 < kCols ? m - i0 : kCols;
         float res[kCols * kRows] = {};
-        if constexpr (kDotTile<V> && kIsBf16<T>) {
+        if constexpr (V::kBf16Tile && kIsBf16<T>) {
           dot_tile_bf16<V>(x + i0 * xs, xs, mr, w + n0 * k, k, nr, res);
         } else {
           // Each weight row from its start to its end (one sequential stream, see dot_tile in

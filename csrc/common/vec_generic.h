@@ -36,6 +36,7 @@ inline float round_to_bf16(float f) { return bf16_to_float(float_to_bf16(f)); }
 struct VecGeneric {
   static constexpr int W = 16;
   static constexpr bool kBf16Dot = false;
+  static constexpr bool kBf16Tile = false;
   float v[W];
 
   static VecGeneric set1(float a) {

@@ -140,21 +140,15 @@ struct VecAvx2 {
         const bf16* wr = w + r * k + c0;
         __m256 acc[MR][2];
         for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+        const auto fma_rows = [&](const VecAvx2& wv, int64_t j) {
+          for (int i = 0; i < MR; ++i) {
+            acc[i][0] = _mm256_fmadd_ps(_mm256_load_ps(xf[i] + j), wv.v[0], acc[i][0]);
+            acc[i][1] = _mm256_fmadd_ps(_mm256_load_ps(xf[i] + j + 8), wv.v[1], acc[i][1]);
+          }
+        };
         int64_t j = 0;
-        for (; j < full; j += W) {
-          const VecAvx2 wv = load(wr + j);
-          for (int i = 0; i < MR; ++i) {
-            acc[i][0] = _mm256_fmadd_ps(_mm256_load_ps(xf[i] + j), wv.v[0], acc[i][0]);
-            acc[i][1] = _mm256_fmadd_ps(_mm256_load_ps(xf[i] + j + 8), wv.v[1], acc[i][1]);
-          }
-        }
-        if (j < len) {
-          const VecAvx2 wv = load_n(wr + j, static_cast<int>(len - j));
-          for (int i = 0; i < MR; ++i) {
-            acc[i][0] = _mm256_fmadd_ps(_mm256_load_ps(xf[i] + j), wv.v[0], acc[i][0]);
-            acc[i][1] = _mm256_fmadd_ps(_mm256_load_ps(xf[i] + j + 8), wv.v[1], acc[i][1]);
-          }
-        }
+        for (; j < full; j += W) fma_rows(load(wr + j), j);
+        if (j < len) fma_rows(load_n(wr + j, static_cast<int>(len - j)), j);
         for (int i = 0; i < MR; ++i) res[i * 4 + r] += hsum(_mm256_add_ps(acc[i][0], acc[i][1]));
       }
     }

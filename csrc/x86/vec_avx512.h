@@ -18,6 +18,7 @@ struct VecAvx512 {
   static constexpr bool kBf16Dot = false;
 #endif
   static constexpr bool kBf16PairDot = kBf16Dot;  // dot_pairs below
+  static constexpr bool kBf16Tile = kBf16Dot;     // dot_tile below
   __m512 v;
 
   static __mmask16 mask(int n) { return static_cast<__mmask16>((1u << n) - 1u); }
