@@ -129,13 +129,17 @@ OP_SPECS: tuple[OpSpec, ...] = (
            doc="fused_moe_w8a8(x, router_logits, w13, w2, top_k, renormalize, w13_scale, w2_scale), an Int8Moe: "
                "its pack(qweight int8 [E, N, K]) makes the packed experts once at load in the implementation's "
                "own layout, run on its int8 kernels (anycore.kernels.moe_int8)"),
-    # Gemma 3's ops: torch-native only (no C++ kernels yet; the native decoder stack cannot
-    # express Gemma's layers, so those models run op by op)
-    OpSpec("gemma_rms_norm", reference.gemma_rms_norm, reference.gemma_rms_norm,
+    # Gemma 3's ops (the native decoder stack cannot express Gemma's layers, so those models
+    # run op by op, on these kernels where native)
+    OpSpec("gemma_rms_norm", reference.gemma_rms_norm, reference.gemma_rms_norm, "elementwise",
+           lambda x, weight, eps: _native_floats(x, weight),
            doc="gemma_rms_norm(x, weight, eps): normed * (1 + weight) in fp32, cast to x's dtype"),
-    OpSpec("gelu_tanh_and_mul", reference.gelu_tanh_and_mul, reference.gelu_tanh_and_mul,
-           doc="gelu_tanh_and_mul(x [.., 2d]) -> [.., d] (GeGLU)"),
+    OpSpec("gelu_tanh_and_mul", reference.gelu_tanh_and_mul, reference.gelu_tanh_and_mul, "elementwise",
+           lambda x: _native_floats(x), doc="gelu_tanh_and_mul(x [.., 2d]) -> [.., d] (GeGLU)"),
     OpSpec("paged_attention_window", reference.paged_attention_window, torch_native.paged_attention_window,
+           "attention",
+           lambda q, k_cache, v_cache, q_start_loc, seq_lens, slot_table, scale, window, softcap:
+               _native_floats(q) and q.shape[-1] <= _MAX_HEAD_DIM,
            doc="paged_attention_window(q, k_cache, v_cache, q_start_loc, seq_lens, slot_table, scale, window, "
                "softcap): sliding-window (window > 0) and/or soft-capped (softcap > 0) paged attention"),
     # speculative tree verification (anycore/spec/tree.py): paged_attention's kernel with a mask.

@@ -12,7 +12,10 @@
 // shows it, and keys of the new ones inside [0, pos[r]] that it hides get score -inf and
 // probability exactly 0 (the clamped exp alone would leave ~1e-38). Without a mask every step
 // is the causal kernel's, operation for operation: paged_attention's results stay bit-identical
-// (the decode team and the native stack compare against them).
+// (the decode team and the native stack compare against them). AttnArgs::window gives row r a
+// first visible key lo[r] too: the keys before it are hidden as the mask hides keys, and the
+// item's key range starts at the smallest lo[r]. AttnArgs::softcap caps each score before any
+// of that (the reference's order: cap, then mask).
 #pragma once
 #include <algorithm>
 #include <cmath>
@@ -207,7 +210,7 @@ void attn_item(const AttnArgs& a, const int64_t* item, int64_t split, float* scr
   uint32_t* kt2 = reinterpret_cast<uint32_t*>(kt);  // pairs: [D / 2, kKeyBlock] K pairs per key
   bf16* vb2 = reinterpret_cast<bf16*>(vb);           // pairs: [kKeyBlock / 2, dpad, 2] V per key pair
   float m[kMaxAttnRows], l[kMaxAttnRows], alpha[kMaxAttnRows];
-  int64_t pos[kMaxAttnRows];
+  int64_t pos[kMaxAttnRows], lo[kMaxAttnRows];  // each row's last and first visible key
   const T* qrow[kMaxAttnRows];
   for (int64_t r = 0; r < rows; ++r) {
     int64_t qi = q0 + r / group, h = kvh * group + r % group;
@@ -223,18 +226,24 @@ void attn_item(const AttnArgs& a, const int64_t* item, int64_t split, float* scr
       while (j >= 0 && !mr[j]) --j;
       pos[r] = first_pos + j;
     }
+    lo[r] = a.window > 0 ? std::max<int64_t>(0, pos[r] - a.window + 1) : 0;
   }
-  // keys [0, kv_end): through the last key any row sees (first_pos + q1 causal)
+  // keys [kv_begin, kv_end): from the first key any row sees through the last (first_pos + q1 causal)
   int64_t kv_begin = 0, kv_end = first_pos + q1;
   if (a.mask) {
     kv_end = 0;
     for (int64_t r = 0; r < rows; ++r) kv_end = std::max(kv_end, pos[r] + 1);
   }
+  if (a.window > 0) {
+    kv_begin = kv_end;
+    for (int64_t r = 0; r < rows; ++r) kv_begin = std::min(kv_begin, lo[r]);
+  }
   if (a.num_splits > 1) {  // this unit's share of the keys, in whole key blocks
-    const int64_t blocks = (kv_end + kKeyBlock - 1) / kKeyBlock;
+    const int64_t base = kv_begin;
+    const int64_t blocks = (kv_end - base + kKeyBlock - 1) / kKeyBlock;
     const int64_t per = (blocks + a.num_splits - 1) / a.num_splits;
-    kv_begin = split * per * kKeyBlock;
-    kv_end = std::min(kv_end, (split + 1) * per * kKeyBlock);
+    kv_begin = base + split * per * kKeyBlock;
+    kv_end = std::min(kv_end, base + (split + 1) * per * kKeyBlock);
   }
   const T* kp[kKeyBlock];
   const T* vp[kKeyBlock];
@@ -281,17 +290,21 @@ void attn_item(const AttnArgs& a, const int64_t* item, int64_t split, float* scr
       int64_t visible = pos[r] - kb + 1;  // keys kb..pos[r]
       if (visible > bn) visible = bn;
       alpha[r] = 1.0f;
-      if (visible <= 0) {
+      if (visible <= 0 || lo[r] >= kb + visible) {  // nothing of this block is in the row's view
         if (blocked) std::fill(p, p + kKeyBlock, 0.0f);
         continue;
       }
-      // masked: which of keys kb .. kb + visible - 1 row r sees (only new keys can be hidden)
+      if (a.softcap > 0.0f && blocked) {
+        for (int64_t b = 0; b < visible; ++b) p[b] = a.softcap * std::tanh(p[b] / a.softcap);
+      }
+      // masked or windowed: which of keys kb .. kb + visible - 1 row r sees (the mask hides only
+      // new keys, the window only keys before lo[r])
       bool hides = false;
       bool see[kKeyBlock];
-      if (a.mask && kb + visible > first_pos) {
-        const uint8_t* mr = a.mask + (qbase + q0 + r / group) * a.mask_stride;
+      if ((a.mask && kb + visible > first_pos) || lo[r] > kb) {
+        const uint8_t* mr = a.mask ? a.mask + (qbase + q0 + r / group) * a.mask_stride : nullptr;
         for (int64_t b = 0; b < visible; ++b) {
-          see[b] = kb + b < first_pos || mr[kb + b - first_pos];
+          see[b] = kb + b >= lo[r] && (kb + b < first_pos || !mr || mr[kb + b - first_pos]);
           hides |= !see[b];
         }
         if (hides && blocked) {
@@ -308,7 +321,14 @@ void attn_item(const AttnArgs& a, const int64_t* item, int64_t split, float* scr
         }
       }
       for (int64_t b = b0; b < visible; ++b) {
-        if (!blocked) p[b] = hides && !see[b] ? -INFINITY : dot_qk<V, T>(qf + r * dpad, qrow[r], kp[b], D) * a.scale;
+        if (!blocked) {
+          if (hides && !see[b]) {
+            p[b] = -INFINITY;
+          } else {
+            p[b] = dot_qk<V, T>(qf + r * dpad, qrow[r], kp[b], D) * a.scale;
+            if (a.softcap > 0.0f) p[b] = a.softcap * std::tanh(p[b] / a.softcap);
+          }
+        }
         mb = p[b] > mb ? p[b] : mb;
       }
       if (hides && mb == -INFINITY) {  // the mask hides every key of this block from row r

@@ -47,10 +47,12 @@ struct AttentionPlan {
 // `table_cols` slots, `tokens` query rows): per request, blocks of queries such that
 // (queries * GQA group) <= kMaxAttnRows, each block once per kv head. `splits` > 0 forces a
 // split count (tests); otherwise attention_splits (or, with `prefill_splits`,
-// prefill_attention_splits) for `threads`. Checks each request's bounds.
+// prefill_attention_splits) for `threads`, over the keys an item reads (with a sliding `window`
+// > 0: at most window + new tokens - 1). Checks each request's bounds.
 inline AttentionPlan plan_attention(const int64_t* q_start, const int64_t* seq_lens, int64_t batch,
                                     int64_t num_heads, int64_t num_kv_heads, int64_t table_cols, int64_t tokens,
-                                    int64_t splits, int64_t threads, bool prefill_splits = false) {
+                                    int64_t splits, int64_t threads, bool prefill_splits = false,
+                                    int64_t window = 0) {
   const int64_t group = num_heads / num_kv_heads, per_item = std::max<int64_t>(1, kMaxAttnRows / group);
   AttentionPlan plan;
   plan.items.reserve(4 * batch * num_kv_heads);
@@ -64,7 +66,7 @@ inline AttentionPlan plan_attention(const int64_t* q_start, const int64_t* seq_l
     for (int64_t q0 = 0; q0 < n; q0 += per_item) {
       for (int64_t h = 0; h < num_kv_heads; ++h) plan.items.insert(plan.items.end(), {b, h, q0, std::min(n, q0 + per_item)});
     }
-    max_len = std::max(max_len, seq_lens[b]);
+    max_len = std::max(max_len, window > 0 ? std::min(seq_lens[b], window + n - 1) : seq_lens[b]);
     max_q = std::max(max_q, n);
   }
   plan.num_items = static_cast<int64_t>(plan.items.size() / 4);

@@ -317,7 +317,7 @@ std::optional<std::tuple<at::Tensor, at::Tensor>> decode_team(
   RmsNormFn rms_norm = ANYCORE_PICK(rms_norm, op_impls[kOpRmsNorm], 1);
   AddRmsNormFn add_rms_norm = ANYCORE_PICK(add_rms_norm, op_impls[kOpAddRmsNorm], 1);
   RotaryFn rotary = ANYCORE_PICK(apply_rotary, op_impls[kOpRotary], 1);
-  SiluMulFn silu_mul = ANYCORE_PICK(silu_and_mul, op_impls[kOpSiluMul], 1);
+  GatedActFn silu_mul = ANYCORE_PICK(silu_and_mul, op_impls[kOpSiluMul], 1);
   AttnUnitsFn attn_units = ANYCORE_PICK(attention_units, op_impls[kOpAttention], 1);
   AttnMergeFn attn_merge = ANYCORE_PICK(attention_merge, op_impls[kOpAttention], 1);
 

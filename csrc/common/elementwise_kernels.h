@@ -1,5 +1,6 @@
 // The element-wise ops over a vector type V and a storage type T (ANYCORE_ELEMENTWISE_KERNELS in
-// kernel_table.h): RMSNorm, fused residual add + RMSNorm, rotary embedding, SiLU-and-mul.
+// kernel_table.h): RMSNorm, fused residual add + RMSNorm, rotary embedding, SiLU-and-mul, and
+// Gemma's (1 + w) RMSNorm and tanh-GELU-and-mul (GeGLU).
 //
 // Numerics follow anycore/kernels/reference.py: math in fp32, and for bf16 the same
 // intermediate roundings the reference's torch ops perform (so results match to ~1 ulp).
@@ -26,6 +27,33 @@ inline void norm_row(T* out, const T* x, const T* w, int64_t cols, float sumsq, 
   }
 }
 
+// Gemma's row: x * r * (1 + w) all in fp32, rounded once to T (HF Gemma3RMSNorm: the weight is
+// stored zero-centred and the cast comes after the scale, unlike Llama's).
+template <typename V, typename T>
+inline void gemma_norm_row(T* out, const T* x, const T* w, int64_t cols, float sumsq, float eps) {
+  const V r = V::set1(1.0f / std::sqrt(sumsq / static_cast<float>(cols) + eps)), one = V::set1(1.0f);
+  for (int64_t i = 0; i < cols; i += V::W) {
+    int64_t n = cols - i;
+    store_any(load_any<V>(x + i, n) * r * (one + load_any<V>(w + i, n)), out + i, n);
+  }
+}
+
+template <typename V, typename T>
+inline float sum_squares(const T* x, int64_t cols) {
+  V acc0 = V::zero(), acc1 = V::zero();
+  int64_t i = 0;
+  for (; i + 2 * V::W <= cols; i += 2 * V::W) {
+    V a = V::load(x + i), b = V::load(x + i + V::W);
+    acc0 = V::fma(a, a, acc0);
+    acc1 = V::fma(b, b, acc1);
+  }
+  for (; i < cols; i += V::W) {
+    V a = load_any<V>(x + i, cols - i);
+    acc0 = V::fma(a, a, acc0);
+  }
+  return (acc0 + acc1).sum();
+}
+
 template <typename V, typename T>
 void rms_norm_kernel(void* out_, const void* x_, int64_t xs, const void* w_, int64_t rows, int64_t cols,
                      float eps) {
@@ -33,21 +61,20 @@ void rms_norm_kernel(void* out_, const void* x_, int64_t xs, const void* w_, int
   const T* x = static_cast<const T*>(x_);
   const T* w = static_cast<const T*>(w_);
   parallel_for(rows, row_grain(cols), [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      const T* xr = x + r * xs;
-      V acc0 = V::zero(), acc1 = V::zero();
-      int64_t i = 0;
-      for (; i + 2 * V::W <= cols; i += 2 * V::W) {
-        V a = V::load(xr + i), b = V::load(xr + i + V::W);
-        acc0 = V::fma(a, a, acc0);
-        acc1 = V::fma(b, b, acc1);
-      }
-      for (; i < cols; i += V::W) {
-        V a = load_any<V>(xr + i, cols - i);
-        acc0 = V::fma(a, a, acc0);
-      }
-      norm_row<V, T>(out + r * cols, xr, w, cols, (acc0 + acc1).sum(), eps);
-    }
+    for (int64_t r = r0; r < r1; ++r)
+      norm_row<V, T>(out + r * cols, x + r * xs, w, cols, sum_squares<V, T>(x + r * xs, cols), eps);
+  });
+}
+
+template <typename V, typename T>
+void gemma_rms_norm_kernel(void* out_, const void* x_, int64_t xs, const void* w_, int64_t rows, int64_t cols,
+                           float eps) {
+  T* out = static_cast<T*>(out_);
+  const T* x = static_cast<const T*>(x_);
+  const T* w = static_cast<const T*>(w_);
+  parallel_for(rows, row_grain(cols), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r)
+      gemma_norm_row<V, T>(out + r * cols, x + r * xs, w, cols, sum_squares<V, T>(x + r * xs, cols), eps);
   });
 }
 
@@ -120,6 +147,31 @@ void silu_and_mul_kernel(void* out_, const void* x_, int64_t xs, int64_t rows, i
         int64_t n = d - j;
         V a = load_any<V>(xr + j, n), b = load_any<V>(xr + d + j, n);
         V act = round_if_bf16<V, T>(a * (one + (zero - a).exp()).recip());
+        store_any(act * b, orow + j, n);
+      }
+    }
+  });
+}
+
+// GeGLU with transformers' gelu_pytorch_tanh: 0.5 a (1 + tanh(u)), u = sqrt(2/pi) (a + 0.044715 a^3),
+// written as a / (1 + exp(-2u)) (the same function; exp saturates, so no inf / inf at either end).
+// As the reference: the activation rounded to T, then the product.
+template <typename V, typename T>
+void gelu_tanh_and_mul_kernel(void* out_, const void* x_, int64_t xs, int64_t rows, int64_t d) {
+  T* out = static_cast<T*>(out_);
+  const T* x = static_cast<const T*>(x_);
+  const V one = V::set1(1.0f);
+  const V c0 = V::set1(-1.5957691216057308f);               // -2 sqrt(2/pi)
+  const V c1 = V::set1(-1.5957691216057308f * 0.044715f);   // -2 sqrt(2/pi) 0.044715
+  parallel_for(rows, row_grain(d), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const T* xr = x + r * xs;
+      T* orow = out + r * d;
+      for (int64_t j = 0; j < d; j += V::W) {
+        int64_t n = d - j;
+        V a = load_any<V>(xr + j, n), b = load_any<V>(xr + d + j, n);
+        V minus_2u = a * V::fma(c1, a * a, c0);
+        V act = round_if_bf16<V, T>(a * (one + minus_2u.exp()).recip());
         store_any(act * b, orow + j, n);
       }
     }

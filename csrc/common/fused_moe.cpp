@@ -50,7 +50,7 @@ constexpr int64_t kTeamRows = 64;  // expert weight rows a thread takes at a tim
 
 // The one-token schedule: x [1, H] through expert expert[s]'s gate/up, silu_and_mul and down for
 // each pair s, into y[s]; bf16 with the variant's GEMV only.
-void one_token_team(LinearFn gemv, SiluMulFn silu_mul, const at::Tensor& x, const std::vector<int64_t>& expert,
+void one_token_team(LinearFn gemv, GatedActFn silu_mul, const at::Tensor& x, const std::vector<int64_t>& expert,
                     const at::Tensor& w13, const at::Tensor& w2, at::Tensor& gate_up, at::Tensor& act, at::Tensor& y) {
   const int64_t pairs = static_cast<int64_t>(expert.size()), h = x.size(1), inter = w2.size(2), two_i = 2 * inter;
   const int64_t g13 = (two_i + kTeamRows - 1) / kTeamRows, g2 = (h + kTeamRows - 1) / kTeamRows;
@@ -149,7 +149,7 @@ at::Tensor fused_moe(const at::Tensor& x_in, const at::Tensor& router_logits, co
     at::Tensor rows = x.index_select(0, token_of);
     at::Tensor gate_up = at::empty({pairs, 2 * inter}, x.options());
     at::Tensor act = at::empty({pairs, inter}, x.options());
-    SiluMulFn silu_mul = ANYCORE_PICK(silu_and_mul, impl, dt);
+    GatedActFn silu_mul = ANYCORE_PICK(silu_and_mul, impl, dt);
     for (int64_t j = 0; j < e; ++j) {
       const int64_t b = r.offsets[j], c = r.offsets[j + 1] - b;
       if (c == 0) continue;  // no token chose expert j: its weights stay unread

@@ -36,7 +36,7 @@ constexpr int64_t kChunkPanels = 4;   // panels a thread takes at a time
 // The single-token schedule: rows[s] (s in [0, top_k), grouped by expert as r.order) through
 // expert r.expert[r.order[s]]'s gate/up, silu_and_mul, down into y[s]. False when the variant
 // lacks the two-step kernels (the caller then takes the per-expert calls).
-bool one_token_team(const Int8Kernels& k8, SiluMulFn silu_mul, const at::Tensor& x, const Routing& r, int64_t pairs,
+bool one_token_team(const Int8Kernels& k8, GatedActFn silu_mul, const at::Tensor& x, const Routing& r, int64_t pairs,
                     const int8_t* p13, int64_t b13, const float* s13, const int8_t* p2, int64_t b2, const float* s2,
                     int64_t h, int64_t inter, int io, at::Tensor& gate_up, at::Tensor& act, at::Tensor& y) {
   if (k8.quantize_row == nullptr || k8.gemm_panels == nullptr) return false;
@@ -124,7 +124,7 @@ at::Tensor fused_moe_w8a8(const at::Tensor& x_in, const at::Tensor& router_logit
   TORCH_CHECK(router_logits.dim() == 2 && router_logits.size(0) == t && router_logits.size(1) == e,
               "fused_moe_w8a8: router_logits must be [T, E]");
   TORCH_CHECK(top_k >= 1 && top_k <= e, "fused_moe_w8a8: top_k must be in [1, experts]");
-  SiluMulFn silu_mul = ANYCORE_PICK(silu_and_mul, impl, dt);
+  GatedActFn silu_mul = ANYCORE_PICK(silu_and_mul, impl, dt);
 
   const Routing r = route(router_logits, top_k, renormalize);
   const int64_t pairs = t * top_k;

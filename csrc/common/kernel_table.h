@@ -36,6 +36,11 @@ struct AttnArgs {
   // mask[t * mask_stride + j] != 0. A lower-triangular mask is the causal extend.
   const uint8_t* mask;
   int64_t mask_stride;
+  // paged_attention_window (0: off). window > 0: the query at position p sees only keys
+  // p - window < k <= p, and keys older than every row's window are never read. softcap > 0:
+  // scores become softcap * tanh(score / softcap) before the softmax (Gemma 2's logit cap).
+  int64_t window;
+  float softcap;
 };
 
 using RmsNormFn = void (*)(void* out, const void* x, int64_t x_stride, const void* w, int64_t rows,
@@ -46,7 +51,8 @@ using AddRmsNormFn = void (*)(void* out, void* sum_out, const void* x, int64_t x
 using RotaryFn = void (*)(void* out, const void* x, int64_t x_stride, const float* cos,
                           const float* sin, int64_t cs_stride, int64_t rows, int64_t heads,
                           int64_t head_dim);
-using SiluMulFn = void (*)(void* out, const void* x, int64_t x_stride, int64_t rows, int64_t d);
+// act(x[:, :d]) * x[:, d:] for x [rows, 2d] (SwiGLU silu_and_mul, GeGLU gelu_tanh_and_mul)
+using GatedActFn = void (*)(void* out, const void* x, int64_t x_stride, int64_t rows, int64_t d);
 using AttnFn = void (*)(const AttnArgs& args);
 // The same attention in pieces, for callers that are already inside a parallel region (the
 // batch-1 decode team, decode_team.cpp): units [begin, end) (unit u = item u / num_splits, key
@@ -264,16 +270,20 @@ struct GgufKernels {
 // family is one line here plus its kernel in that family's header (elementwise_kernels.h,
 // attention_kernels.h, gemv_kernels.h). Field names are the op names of
 // anycore/kernels/ops.py where the entry is an op (attention_units/_merge are attention's parts).
-#define ANYCORE_ELEMENTWISE_KERNELS(X)               \
-  X(rms_norm, RmsNormFn, rms_norm_kernel)            \
-  X(add_rms_norm, AddRmsNormFn, add_rms_norm_kernel) \
-  X(apply_rotary, RotaryFn, rotary_kernel)           \
-  X(silu_and_mul, SiluMulFn, silu_and_mul_kernel)
-// tree_attention is paged_attention's kernel with AttnArgs::mask set: one kernel, listed under
-// both op names so a variant's table says it fills each op.
+#define ANYCORE_ELEMENTWISE_KERNELS(X)                     \
+  X(rms_norm, RmsNormFn, rms_norm_kernel)                  \
+  X(add_rms_norm, AddRmsNormFn, add_rms_norm_kernel)       \
+  X(apply_rotary, RotaryFn, rotary_kernel)                 \
+  X(silu_and_mul, GatedActFn, silu_and_mul_kernel)          \
+  X(gemma_rms_norm, RmsNormFn, gemma_rms_norm_kernel)      \
+  X(gelu_tanh_and_mul, GatedActFn, gelu_tanh_and_mul_kernel)
+// tree_attention and paged_attention_window are paged_attention's kernel with AttnArgs::mask,
+// ::window or ::softcap set: one kernel, listed under each op name so a variant's table says it
+// fills each op.
 #define ANYCORE_ATTENTION_KERNELS(X)                     \
   X(paged_attention, AttnFn, paged_attention_kernel)     \
   X(tree_attention, AttnFn, paged_attention_kernel)      \
+  X(paged_attention_window, AttnFn, paged_attention_kernel) \
   X(attention_units, AttnUnitsFn, attention_units_kernel) \
   X(attention_merge, AttnMergeFn, attention_merge_kernel)
 #define ANYCORE_GEMV_KERNELS(X) X(linear, LinearFn, linear_kernel)

@@ -67,17 +67,36 @@ void check_weight(const at::Tensor& w, const at::Tensor& x, int64_t cols) {
   TORCH_CHECK(w.numel() == cols && w.is_contiguous(), "weight must be contiguous [hidden]");
 }
 
-}  // namespace
-
-at::Tensor rms_norm(const at::Tensor& x_in, const at::Tensor& w, double eps, int64_t impl) {
-  const int dt = dtype_index(x_in);
+// rms_norm and gemma_rms_norm: the same call, a different kernel
+at::Tensor run_norm(const at::Tensor& x_in, const at::Tensor& w, double eps, RmsNormFn fn) {
   at::Tensor x = as_rows(x_in);
   const int64_t rows = x.size(0), cols = x.size(1);
   check_weight(w, x, cols);
   at::Tensor out = at::empty({rows, cols}, x.options());
-  ANYCORE_PICK(rms_norm, impl, dt)(out.data_ptr(), x.data_ptr(), x.stride(0), w.data_ptr(), rows, cols,
-                                   static_cast<float>(eps));
+  fn(out.data_ptr(), x.data_ptr(), x.stride(0), w.data_ptr(), rows, cols, static_cast<float>(eps));
   return out.view(x_in.sizes());
+}
+
+// silu_and_mul and gelu_tanh_and_mul: [.., 2d] -> [.., d]
+at::Tensor run_gated(const at::Tensor& x_in, GatedActFn fn, const char* name) {
+  at::Tensor x = as_rows(x_in);
+  const int64_t rows = x.size(0), d = x.size(1) / 2;
+  TORCH_CHECK(x.size(1) % 2 == 0, name, " needs an even last dimension");
+  at::Tensor out = at::empty({rows, d}, x.options());
+  fn(out.data_ptr(), x.data_ptr(), x.stride(0), rows, d);
+  std::vector<int64_t> shape(x_in.sizes().begin(), x_in.sizes().end());
+  shape.back() = d;
+  return out.view(shape);
+}
+
+}  // namespace
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps, int64_t impl) {
+  return run_norm(x, w, eps, ANYCORE_PICK(rms_norm, impl, dtype_index(x)));
+}
+
+at::Tensor gemma_rms_norm(const at::Tensor& x, const at::Tensor& w, double eps, int64_t impl) {
+  return run_norm(x, w, eps, ANYCORE_PICK(gemma_rms_norm, impl, dtype_index(x)));
 }
 
 std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x_in, const at::Tensor& res_in,
@@ -110,26 +129,24 @@ at::Tensor apply_rotary(const at::Tensor& x_in, const at::Tensor& cos_in, const 
   return out.view(x_in.sizes());
 }
 
-at::Tensor silu_and_mul(const at::Tensor& x_in, int64_t impl) {
-  const int dt = dtype_index(x_in);
-  at::Tensor x = as_rows(x_in);
-  const int64_t rows = x.size(0), d = x.size(1) / 2;
-  TORCH_CHECK(x.size(1) % 2 == 0, "silu_and_mul needs an even last dimension");
-  at::Tensor out = at::empty({rows, d}, x.options());
-  ANYCORE_PICK(silu_and_mul, impl, dt)(out.data_ptr(), x.data_ptr(), x.stride(0), rows, d);
-  std::vector<int64_t> shape(x_in.sizes().begin(), x_in.sizes().end());
-  shape.back() = d;
-  return out.view(shape);
+at::Tensor silu_and_mul(const at::Tensor& x, int64_t impl) {
+  return run_gated(x, ANYCORE_PICK(silu_and_mul, impl, dtype_index(x)), "silu_and_mul");
+}
+
+at::Tensor gelu_tanh_and_mul(const at::Tensor& x, int64_t impl) {
+  return run_gated(x, ANYCORE_PICK(gelu_tanh_and_mul, impl, dtype_index(x)), "gelu_tanh_and_mul");
 }
 
 namespace {
 
-// paged_attention and tree_attention: the checks, the work plan and the call; `mask` is null
-// for the causal op, else tree_attention's [tokens, >= max new tokens] bool mask.
+// paged_attention, tree_attention and paged_attention_window: the checks, the work plan and the
+// call; `mask` is null but for tree_attention's [tokens, >= max new tokens] bool mask, `window`
+// and `softcap` 0 but for paged_attention_window's.
 at::Tensor run_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                          const at::Tensor& q_start_loc, const at::Tensor& seq_lens,
                          const at::Tensor& slot_table, const at::Tensor* mask, double scale, AttnFn fn,
-                         int64_t splits) {
+                         int64_t splits, int64_t window = 0, double softcap = 0.0) {
+  TORCH_CHECK(window >= 0 && softcap >= 0.0, "window and softcap must be >= 0");
   TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3, "q, k_cache, v_cache must be 3-D");
   TORCH_CHECK(k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type(),
               "q, k_cache, v_cache must share a dtype");
@@ -147,7 +164,7 @@ at::Tensor run_attention(const at::Tensor& q, const at::Tensor& k, const at::Ten
   const int64_t* st = starts.data_ptr<int64_t>();
   const int64_t* ln = lens.data_ptr<int64_t>();
   AttentionPlan plan = plan_attention(st, ln, batch, H, KV, table2.size(1), T, splits, at::get_num_threads(),
-                                      /*prefill_splits=*/mask == nullptr);
+                                      /*prefill_splits=*/mask == nullptr, window);
   at::Tensor mask_bytes;
   if (mask != nullptr) {
     TORCH_CHECK(mask->scalar_type() == at::kBool && mask->dim() == 2 && mask->size(0) == T,
@@ -182,6 +199,8 @@ at::Tensor run_attention(const at::Tensor& q, const at::Tensor& k, const at::Ten
   a.num_items = num_items;
   a.num_heads = H, a.num_kv_heads = KV, a.head_dim = D;
   a.scale = static_cast<float>(scale);
+  a.window = window;
+  a.softcap = static_cast<float>(softcap);
   if (mask != nullptr) {
     a.mask = reinterpret_cast<const uint8_t*>(mask_bytes.data_ptr<bool>());  // bool: one byte, 0 or 1
     a.mask_stride = mask_bytes.size(1);
@@ -207,6 +226,17 @@ at::Tensor tree_attention(const at::Tensor& q, const at::Tensor& k, const at::Te
   const int dt = dtype_index(q);
   return run_attention(q, k, v, q_start_loc, seq_lens, slot_table, &mask, scale,
                        ANYCORE_PICK(tree_attention, impl, dt), splits);
+}
+
+// paged_attention where each query sees only its `window` latest keys (0: all) and scores are
+// soft-capped by `softcap` (0: not); anycore/kernels/reference.py paged_attention_window.
+at::Tensor paged_attention_window(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                  const at::Tensor& q_start_loc, const at::Tensor& seq_lens,
+                                  const at::Tensor& slot_table, double scale, int64_t window, double softcap,
+                                  int64_t impl, int64_t splits) {
+  const int dt = dtype_index(q);
+  return run_attention(q, k, v, q_start_loc, seq_lens, slot_table, nullptr, scale,
+                       ANYCORE_PICK(paged_attention_window, impl, dt), splits, window, softcap);
 }
 
 at::Tensor linear(const at::Tensor& x_in, const at::Tensor& w, const std::optional<at::Tensor>& bias,
@@ -496,6 +526,8 @@ TORCH_LIBRARY(anycore, m) {
         &add_rms_norm);
   m.def("apply_rotary(Tensor x, Tensor cos, Tensor sin, int head_dim, int impl) -> Tensor", &apply_rotary);
   m.def("silu_and_mul(Tensor x, int impl) -> Tensor", &silu_and_mul);
+  m.def("gemma_rms_norm(Tensor x, Tensor weight, float eps, int impl) -> Tensor", &gemma_rms_norm);
+  m.def("gelu_tanh_and_mul(Tensor x, int impl) -> Tensor", &gelu_tanh_and_mul);
   m.def("linear(Tensor x, Tensor weight, Tensor? bias, int impl) -> Tensor", &linear);
   m.def("paged_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor q_start_loc, Tensor seq_lens, "
         "Tensor slot_table, float scale, int impl, int splits=0) -> Tensor",
@@ -503,6 +535,9 @@ TORCH_LIBRARY(anycore, m) {
   m.def("tree_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor q_start_loc, Tensor seq_lens, "
         "Tensor slot_table, Tensor mask, float scale, int impl, int splits=0) -> Tensor",
         &tree_attention);
+  m.def("paged_attention_window(Tensor q, Tensor k_cache, Tensor v_cache, Tensor q_start_loc, Tensor seq_lens, "
+        "Tensor slot_table, float scale, int window, float softcap, int impl, int splits=0) -> Tensor",
+        &paged_attention_window);
   m.def("int8_pack(Tensor qweight, int impl) -> Tensor", &int8_pack);
   m.def("int8_unpack(Tensor packed, int n, int k, int impl, Tensor? rows=None) -> Tensor", &int8_unpack);
   m.def("w8a8_linear(Tensor x, Tensor packed, Tensor w_scale, Tensor? bias, int impl) -> Tensor", &w8a8_linear);

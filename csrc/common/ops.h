@@ -30,12 +30,18 @@ std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::T
 at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t head_dim,
                         int64_t impl);
 at::Tensor silu_and_mul(const at::Tensor& x, int64_t impl);
+at::Tensor gemma_rms_norm(const at::Tensor& x, const at::Tensor& w, double eps, int64_t impl);
+at::Tensor gelu_tanh_and_mul(const at::Tensor& x, int64_t impl);
 at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                            const at::Tensor& q_start_loc, const at::Tensor& seq_lens, const at::Tensor& slot_table,
                            double scale, int64_t impl, int64_t splits);
 at::Tensor tree_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                           const at::Tensor& q_start_loc, const at::Tensor& seq_lens, const at::Tensor& slot_table,
                           const at::Tensor& mask, double scale, int64_t impl, int64_t splits);
+at::Tensor paged_attention_window(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                  const at::Tensor& q_start_loc, const at::Tensor& seq_lens,
+                                  const at::Tensor& slot_table, double scale, int64_t window, double softcap,
+                                  int64_t impl, int64_t splits);
 at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& bias, int64_t impl);
 // ATen's float GEMM for what the native GEMV does not take (prefill rows), the same rule as
 // anycore/kernels/torch_native.py linear: where oneDNN has no bf16 GEMM (AVX2-only x86), bf16 x

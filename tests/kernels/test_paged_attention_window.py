@@ -133,3 +133,31 @@ def test_decode_window_view_is_the_window(window):
                                                                 window, 0.0), rtol=1e-6, atol=1e-6)
     mixed = _case(REQS, 2, 2, 32, torch.float32)
     assert decode_window_view(_batch(mixed[3], mixed[4], mixed[5]), window) is None
+
+
+@pytest.mark.parametrize("dtype", DT)
+@pytest.mark.parametrize("window", [40, 300])
+def test_long_decodes_split_over_the_window(kernel, tol, dtype, window):
+    """A lone decode over a long context: native kernels split its keys ("flash decoding") over
+    the window only; the split parts must merge to the reference."""
+    args = _case([(600, 1)], 1, 4, 64, dtype)
+    torch.testing.assert_close(kernel(*args, window, 0.0), reference.paged_attention_window(*args, window, 0.0),
+                               **tol(dtype))
+    args = _case([(600, 1), (333, 1)], 2, 2, 64, dtype)
+    torch.testing.assert_close(kernel(*args, window, 1.5), reference.paged_attention_window(*args, window, 1.5),
+                               **tol(dtype))
+
+
+@pytest.mark.parametrize("dtype", DT)
+def test_a_window_past_the_sequence_is_paged_attention_bit_for_bit(impl, dtype):
+    """No window (0) or one no query reaches past: a native variant runs paged_attention's own
+    steps, so its output is bit-identical to that variant's paged_attention (what the decode
+    view of the attention layer relies on)."""
+    from anycore.kernels.dispatch import make_op
+
+    if impl in ("reference", "torch-native"):
+        pytest.skip("a property of the native kernel")
+    args = _case(REQS, 2, 2, 64, dtype)
+    plain = make_op("paged_attention", impl)(*args)
+    assert torch.equal(make_op(OP, impl)(*args, 0, 0.0), plain)
+    assert torch.equal(make_op(OP, impl)(*args, 1000, 0.0), plain)
