@@ -33,8 +33,13 @@ def _expect(op_impl: str, **per_op: str) -> dict[str, str]:
     out.update(per_op)
     # fused_moe_w8a8 runs on the int8 kernels: wherever w8a8_linear does (the same skip rule)
     out["fused_moe_w8a8"] = out["w8a8_linear"]
-    # tree_attention is paged_attention's kernel with a mask: it runs wherever paged_attention does
-    out["tree_attention"] = out["paged_attention"]
+    # tree_attention and paged_attention_window are paged_attention's kernel with a mask / a
+    # window: they run wherever paged_attention does
+    out["tree_attention"] = out["paged_attention_window"] = out["paged_attention"]
+    # the hand-written sve variant has only the Llama element-wise ops (selection.py): Gemma's
+    # run on the vector variant that takes paged_attention there
+    if op_impl == "sve":
+        out["gemma_rms_norm"] = out["gelu_tanh_and_mul"] = out["paged_attention"]
     return out
 
 
