@@ -1,7 +1,7 @@
 """Gemma's elementwise ops against transformers' own modules: Gemma3RMSNorm and the
 ``gelu_pytorch_tanh`` activation of its GeGLU MLP. Every implementation this host can run:
 the torch ones are the same operations in the same order (bit-identical); the native kernels
-sum and approximate in their own order (fp32 to ~1e-6, bf16 to about one ulp)."""
+sum and approximate in their own order (fp32 to ~1e-5 absolute, bf16 to about one ulp)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,9 @@ def _check(got, want, name, dtype):
     if name in TORCH_IMPLS:
         assert torch.equal(got, want)
     else:
-        tol = {"rtol": 2e-6, "atol": 1e-6} if dtype == torch.float32 else {"rtol": 8e-3, "atol": 1e-5}
+        # fp32 atol: where gelu(a) is near 0 (a < -2), torch's 0.5 a (1 + tanh(u)) loses digits
+        # to cancellation (its error, about 1e-6 there, depends on the platform's tanh)
+        tol = {"rtol": 2e-6, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 8e-3, "atol": 1e-5}
         torch.testing.assert_close(got, want, **tol)
 
 
@@ -78,4 +80,4 @@ def test_gelu_tanh_extremes(name):
     want = ACT2FN["gelu_pytorch_tanh"](gate) * 1.5
     got = make_op("gelu_tanh_and_mul", name)(x)
     assert torch.isfinite(got).all()
-    torch.testing.assert_close(got, want, rtol=2e-6, atol=1e-6)
+    torch.testing.assert_close(got, want, rtol=2e-6, atol=1e-5)
