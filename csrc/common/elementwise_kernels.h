@@ -54,28 +54,26 @@ inline float sum_squares(const T* x, int64_t cols) {
   return (acc0 + acc1).sum();
 }
 
-template <typename V, typename T>
-void rms_norm_kernel(void* out_, const void* x_, int64_t xs, const void* w_, int64_t rows, int64_t cols,
-                     float eps) {
+// Every row of x through Row (norm_row or gemma_norm_row), with its sum of squares.
+template <typename V, typename T, void (*Row)(T*, const T*, const T*, int64_t, float, float)>
+void norm_rows(void* out_, const void* x_, int64_t xs, const void* w_, int64_t rows, int64_t cols, float eps) {
   T* out = static_cast<T*>(out_);
   const T* x = static_cast<const T*>(x_);
   const T* w = static_cast<const T*>(w_);
   parallel_for(rows, row_grain(cols), [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r)
-      norm_row<V, T>(out + r * cols, x + r * xs, w, cols, sum_squares<V, T>(x + r * xs, cols), eps);
+    for (int64_t r = r0; r < r1; ++r) Row(out + r * cols, x + r * xs, w, cols, sum_squares<V, T>(x + r * xs, cols), eps);
   });
 }
 
 template <typename V, typename T>
-void gemma_rms_norm_kernel(void* out_, const void* x_, int64_t xs, const void* w_, int64_t rows, int64_t cols,
+void rms_norm_kernel(void* out, const void* x, int64_t xs, const void* w, int64_t rows, int64_t cols, float eps) {
+  norm_rows<V, T, &norm_row<V, T>>(out, x, xs, w, rows, cols, eps);
+}
+
+template <typename V, typename T>
+void gemma_rms_norm_kernel(void* out, const void* x, int64_t xs, const void* w, int64_t rows, int64_t cols,
                            float eps) {
-  T* out = static_cast<T*>(out_);
-  const T* x = static_cast<const T*>(x_);
-  const T* w = static_cast<const T*>(w_);
-  parallel_for(rows, row_grain(cols), [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r)
-      gemma_norm_row<V, T>(out + r * cols, x + r * xs, w, cols, sum_squares<V, T>(x + r * xs, cols), eps);
-  });
+  norm_rows<V, T, &gemma_norm_row<V, T>>(out, x, xs, w, rows, cols, eps);
 }
 
 template <typename V, typename T>
