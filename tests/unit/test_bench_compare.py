@@ -144,3 +144,18 @@ def test_short_lived_child_counts_as_own_load():
 def test_threads_resolved_for_every_engine(tmp_path):
     ctx = compare_context(tmp_path, config=EngineConfig(threads=None))
     assert ctx.threads >= 1 and all(c.threads == ctx.threads for _, c in ctx.anycore_engines(offline=True))
+
+
+def test_prefill_limit_counts_the_wider_float_gemm_where_it_is_faster():
+    # an AVX2-only host: torch's bf16 and int8 GEMMs crawl, fp32 runs (a Zen 3's probe)
+    avx2 = {"fp32": 0.146, "bf16": 0.0009, "int8": 0.0019}
+    assert offline_phase.prefill_peak(avx2, "bf16") == 0.146
+    assert offline_phase.prefill_peak(avx2, "int8") == 0.146
+    assert offline_phase.prefill_peak(avx2, "fp32") == 0.146
+    # a host with native bf16 / int8 GEMMs keeps each class's own, faster rate
+    avx512 = {"fp32": 0.20, "bf16": 0.91, "int8": 1.90}
+    assert offline_phase.prefill_peak(avx512, "bf16") == 0.91
+    assert offline_phase.prefill_peak(avx512, "int8") == 1.90
+    assert offline_phase.prefill_peak(avx512, "fp32") == 0.20
+    assert offline_phase.prefill_peak({}, "bf16") is None
+    assert offline_phase.prefill_peak({"int8": 1.0}, "fp32") is None

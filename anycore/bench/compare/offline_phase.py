@@ -119,11 +119,25 @@ def measure_workload(ctx: CompareContext, wl: str, title: str, fn: Job, runners:
             bw = statistics.median(round_bw) if round_bw else limits["bandwidth_gb_s"]
             limit = bw * 1e9 / r.weight_bytes
             extra = {"bandwidth_gb_s": bw, "bandwidth_rounds_gb_s": round_bw}
-        elif wl == "prefill" and limits.get("peak", {}).get(r.dtype_class):
-            limit = limits["peak"][r.dtype_class] * 1e12 / limits["prefill_flops_per_token"]
+        elif wl == "prefill" and (peak := prefill_peak(limits.get("peak", {}), r.dtype_class)):
+            limit = peak * 1e12 / limits["prefill_flops_per_token"]
         ctx.results.add(title, r.name, "tok/s", True, vals[r.name], loads[r.name], limit,
                         dtype_class=r.dtype_class, weight_bytes=r.weight_bytes, discarded_noisy=discarded[r.name],
                         **extra)
+
+
+# The GEMMs a prefill of each class may run on, its own first. Where the host has no fast GEMM of
+# the class, engines compute in a wider float type instead: on an AVX2-only CPU torch's bf16 and
+# int8 GEMMs run at a few GFLOP/s, and anycore upcasts bf16 to fp32 (kernels/onednn.py) and
+# dequantizes GGUF / int8 blocks for a float GEMM, as llama.cpp does. A limit from the class's
+# own GEMM alone would then sit below the measured rate (a "fraction of limit" of 100x).
+_PREFILL_GEMMS = {"fp32": ("fp32",), "bf16": ("bf16", "fp32"), "int8": ("int8", "bf16", "fp32")}
+
+
+def prefill_peak(peak: dict[str, float], dtype_class: str) -> float | None:
+    """The fastest probed GEMM rate (T(FL)OP/s) a prefill of ``dtype_class`` can run on."""
+    rates = [peak[c] for c in _PREFILL_GEMMS.get(dtype_class, (dtype_class,)) if peak.get(c)]
+    return max(rates) if rates else None
 
 
 def _round_bandwidth(ctx: CompareContext, rep: int) -> float:
