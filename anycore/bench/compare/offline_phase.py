@@ -126,11 +126,11 @@ def measure_workload(ctx: CompareContext, wl: str, title: str, fn: Job, runners:
                         **extra)
 
 
-# The GEMMs a prefill of each class may run on, its own first. Where the host has no fast GEMM of
-# the class, engines compute in a wider float type instead: on an AVX2-only CPU torch's bf16 and
-# int8 GEMMs run at a few GFLOP/s, and anycore upcasts bf16 to fp32 (kernels/onednn.py) and
-# dequantizes GGUF / int8 blocks for a float GEMM, as llama.cpp does. A limit from the class's
-# own GEMM alone would then sit below the measured rate (a "fraction of limit" of 100x).
+# The GEMMs a prefill of each class may run on: its own, and the wider float types. Where the
+# host has no fast GEMM of the class, anycore computes in a wider one: on an AVX2-only CPU torch's
+# bf16 and int8 GEMMs run at a few GFLOP/s, so bf16 is widened to fp32 (kernels/onednn.py) and
+# GGUF blocks are dequantized for a float GEMM. A limit from the class's own GEMM alone would then
+# sit below the measured rate (a "fraction of limit" of 100x).
 _PREFILL_GEMMS = {"fp32": ("fp32",), "bf16": ("bf16", "fp32"), "int8": ("int8", "bf16", "fp32")}
 
 
