@@ -38,7 +38,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="always use --threads (default: decode drops threads when other processes make fewer faster)")
     g.add_argument("--decode-burst", type=int, default=d("decode_burst"),
                    help="greedy tokens a request decoding alone runs in one native call (1: one token per call, "
-                        "each streamed as it is made; 0: no native greedy decode; default: %(default)s)")
+                        "each streamed as it is made; 0: no native greedy decode; default: 1 when serving, "
+                        "8 for the offline benchmarks, which stream nothing)")
     g.add_argument("--kernels", default=d("kernels"),
                    help="kernel overrides, e.g. 'torch-native' or 'rms_norm=generic'")
     g.add_argument("--quantization", default=d("quantization"), choices=["none", "w8a8_int8", "gguf"],

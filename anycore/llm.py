@@ -19,15 +19,17 @@ from anycore.scheduler.request import TokenLogprob
 
 class LLM:
     """Runs a model in this process. ``model=None`` loads the default model (SmolLM2-135M-Instruct);
-    other keywords are EngineConfig fields (``dtype``, ``kv_cache_gb``, ...), defaulting as there."""
+    other keywords are EngineConfig fields (``dtype``, ``kv_cache_gb``, ...), defaulting as there,
+    except that nothing here streams: an unset ``decode_burst`` is the offline one
+    (EngineConfig.for_offline)."""
 
     def __init__(self, model: str | None = None, **engine_kwargs: Any) -> None:
-        self._attach(Engine(EngineConfig(model=model, **engine_kwargs)))
+        self._attach(Engine(EngineConfig(model=model, **engine_kwargs).for_offline()))
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> LLM:
         llm = cls.__new__(cls)
-        llm._attach(Engine(config))
+        llm._attach(Engine(config.for_offline()))
         return llm
 
     def _attach(self, engine: Engine) -> None:

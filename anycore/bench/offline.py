@@ -76,7 +76,7 @@ def measure_throughput(engine: Engine, num_prompts: int, input_len: int, output_
 
 
 def run_latency(config: EngineConfig, prompt_len: int, decode_tokens: int, repeats: int, seed: int = 0) -> dict:
-    engine = Engine(replace(config, max_num_batched_tokens=max(config.max_num_batched_tokens, prompt_len)))
+    engine = Engine(replace(config.for_offline(), max_num_batched_tokens=max(config.max_num_batched_tokens, prompt_len)))
     prompts = vocab_prompts(random.Random(seed), engine.model_config.vocab_size)
     measure_decode(engine, 8, prompts)  # warm-up (allocator, kernels, caches)
     prefill = [measure_prefill(engine, prompt_len, prompts) for _ in range(repeats)]
@@ -96,7 +96,7 @@ def run_latency(config: EngineConfig, prompt_len: int, decode_tokens: int, repea
 
 def run_throughput(config: EngineConfig, num_prompts: int, input_len: int, output_len: int, repeats: int,
                    seed: int = 0) -> dict:
-    engine = Engine(config)
+    engine = Engine(config.for_offline())
     prompts = vocab_prompts(random.Random(seed), engine.model_config.vocab_size)
     measure_decode(engine, 4, prompts)  # warm-up
     runs = [measure_throughput(engine, num_prompts, input_len, output_len, prompts) for _ in range(repeats)]

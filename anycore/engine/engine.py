@@ -229,7 +229,7 @@ class Engine:
                                    self.speculator)
         self.runner = ModelRunner(self._runner_model(), self.kv_pool, self.ops,
                                   self.kv.swa.window_of if self.kv.swa is not None else None)
-        self.runner.native_single_step = config.decode_burst != 0
+        self.runner.native_single_step = config.burst != 0
         if self.parallel is not None:  # (no native stack nor native greedy decode: no collectives in them)
             self.runner.native.enabled = False
         if isinstance(self.speculator, EagleSpeculator):
@@ -378,7 +378,7 @@ class Engine:
         eagle = self.speculator if isinstance(self.speculator, EagleSpeculator) else None
         t_step = time.perf_counter()  # (drafting happens while scheduling: part of a step's cost)
         # (EAGLE needs the target's features of every position: no native multi-step decode)
-        out = self.scheduler.schedule(0 if eagle else self.runner.max_steps(self.config.decode_burst))
+        out = self.scheduler.schedule(0 if eagle else self.runner.max_steps(self.config.burst))
         if out.is_empty:
             return []
         gov = self.thread_governor

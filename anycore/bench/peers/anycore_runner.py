@@ -21,7 +21,8 @@ class AnycoreRunner(Runner):
         from anycore.engine.engine import Engine
 
         # prefill of the default 512-token prompt in one step, as llama.cpp's n_batch 512 does
-        self.engine = Engine(replace(config, max_num_batched_tokens=max(config.max_num_batched_tokens, 512)))
+        # (offline: an unset decode_burst is the offline API's, EngineConfig.for_offline)
+        self.engine = Engine(replace(config.for_offline(), max_num_batched_tokens=max(config.max_num_batched_tokens, 512)))
         dtype_class = "int8" if self.engine.quantization else ("bf16" if config.dtype == "bfloat16" else "fp32")
         super().__init__(name, dtype_class, self.engine.weight_bytes,
                          {"kernels": dict(self.engine.ops.choices), "quantization": self.engine.quantization})
