@@ -8,7 +8,7 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
-from anycore.config import EngineConfig, default_of
+from anycore.config import OFFLINE_DECODE_BURST, EngineConfig, default_of
 from anycore.sampling_params import SamplingParams
 
 
@@ -39,7 +39,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--decode-burst", type=int, default=d("decode_burst"),
                    help="greedy tokens a request decoding alone runs in one native call (1: one token per call, "
                         "each streamed as it is made; 0: no native greedy decode; default: 1 when serving, "
-                        "8 for the offline benchmarks, which stream nothing)")
+                        f"{OFFLINE_DECODE_BURST} for the offline benchmarks, which stream nothing)")
     g.add_argument("--kernels", default=d("kernels"),
                    help="kernel overrides, e.g. 'torch-native' or 'rms_norm=generic'")
     g.add_argument("--quantization", default=d("quantization"), choices=["none", "w8a8_int8", "gguf"],

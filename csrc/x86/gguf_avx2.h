@@ -52,12 +52,12 @@ struct GgufAvx2Micro {
       const uint8_t* blk = w + g * bb;
       float s0[kSub], s1[kSub], mw[kSub];
       if constexpr (QT == kGgufQ6_K) {
-        const float d = gguf_half(blk + 208);
+        const float d = half(blk + 208);
         for (int j = 0; j < kSub; ++j)
           s0[j] = d * static_cast<float>(static_cast<int8_t>(blk[192 + 2 * j])),
           s1[j] = d * static_cast<float>(static_cast<int8_t>(blk[193 + 2 * j])), mw[j] = 0.0f;
       } else if constexpr (gguf_is_k(QT)) {
-        const float d = gguf_half(blk), dmin = gguf_half(blk + 2);
+        const float d = half(blk), dmin = half(blk + 2);
         for (int j = 0; j < kSub; ++j) {
           int sc, mn;
           gguf_scale_min_k4(j, blk + 4, &sc, &mn);
@@ -252,8 +252,8 @@ struct GgufAvx2Micro {
               const int64_t r = r0 + l;
               if (r < n0 || r >= n1) continue;
               const __m128i bytes = l < 4 ? _mm256_castsi256_si128(u[l]) : _mm256_extracti128_si256(u[l - 4], 1);
-              const float d = gguf_half(tile + 2 * (8 * h + l));
-              const float m = base == kGgufQ4_1 ? gguf_half(tile + 32 + 2 * (8 * h + l)) : -8.0f * d;
+              const float d = half(tile + 2 * (8 * h + l));
+              const float m = base == kGgufQ4_1 ? half(tile + 32 + 2 * (8 * h + l)) : -8.0f * d;
               const __m256 dv = _mm256_set1_ps(d), mv = _mm256_set1_ps(m);
               const __m128i lo = _mm_and_si128(bytes, low4), hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), low4);
               char* out = static_cast<char*>(a.out) + (r * k + b * kGgufBlock) * esize;

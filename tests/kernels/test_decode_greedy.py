@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from anycore import LLM, SamplingParams
+from anycore.config import OFFLINE_DECODE_BURST
 from tests.models.test_tiny_models import _configs, write_checkpoint
 
 QUANT = {
@@ -101,6 +102,25 @@ def test_no_burst_when_it_cannot_be_exact(tmp_path, tokenizer, restore_threads):
         engine.add_request([7, 8, 9], params)
         while engine.has_unfinished():
             assert all(len(o.new_token_ids) == 1 for o in engine.step())
+
+
+def test_offline_api_decodes_in_offline_bursts(tmp_path, tokenizer, restore_threads):
+    """LLM with decode_burst unset: a greedy request alone takes OFFLINE_DECODE_BURST tokens a
+    step (nothing streams), with the tokens of one-token steps."""
+    write_checkpoint(tmp_path, "qwen2-qkv-bias", tokenizer)
+    llm = LLM(model=str(tmp_path), dtype="bfloat16", kv_cache_gb=0.01, threads=2)
+    if not llm.engine.runner.native.can_decode_greedy():
+        pytest.skip("no native decode burst here")
+    params = SamplingParams(temperature=0, max_tokens=2 * OFFLINE_DECODE_BURST + 1, ignore_eos=True)
+    engine, sizes, tokens = llm.engine, [], []
+    engine.add_request([7, 8, 9], params)
+    while engine.has_unfinished():
+        for o in engine.step():
+            sizes.append(len(o.new_token_ids))
+            tokens += o.new_token_ids
+    assert sizes == [1, OFFLINE_DECODE_BURST, OFFLINE_DECODE_BURST]  # the prefill's token, then two bursts
+    single = LLM(model=str(tmp_path), dtype="bfloat16", kv_cache_gb=0.01, threads=2, decode_burst=0)
+    assert single.generate([[7, 8, 9]], params)[0].outputs[0].token_ids == tokens
 
 
 SAMPLED = [SamplingParams(temperature=0.8, max_tokens=9, seed=1, ignore_eos=True),
