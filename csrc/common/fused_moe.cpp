@@ -20,6 +20,7 @@
 // silu * up in the activation dtype); only the Python between the steps is gone (tokens are
 // quantized once, not once per expert: the same rows either way).
 #include <ATen/ATen.h>
+#include <ATen/ThreadLocalState.h>
 
 #include <algorithm>
 #include <cmath>
@@ -150,12 +151,29 @@ at::Tensor fused_moe(const at::Tensor& x_in, const at::Tensor& router_logits, co
     at::Tensor gate_up = at::empty({pairs, 2 * inter}, x.options());
     at::Tensor act = at::empty({pairs, inter}, x.options());
     GatedActFn silu_mul = ANYCORE_PICK(silu_and_mul, impl, dt);
-    for (int64_t j = 0; j < e; ++j) {
+    auto one_expert = [&](int64_t j) {
       const int64_t b = r.offsets[j], c = r.offsets[j + 1] - b;
-      if (c == 0) continue;  // no token chose expert j: its weights stay unread
+      if (c == 0) return;  // no token chose expert j: its weights stay unread
       project(gate_up.narrow(0, b, c), rows.narrow(0, b, c), w13[j], dt, impl);
       silu_mul(act.narrow(0, b, c).data_ptr(), gate_up.narrow(0, b, c).data_ptr(), 2 * inter, c, inter);
       project(y.narrow(0, b, c), act.narrow(0, b, c), w2[j], dt, impl);
+    };
+    // Experts side by side, one thread each (taken as threads free up), rather than one expert
+    // at a time split over the team: an expert's GEMM is small (prefill 256 tokens, top-8 of 64
+    // experts: ~32 rows), so its own fork and join cost more than the imbalance between experts.
+    // Inside this team the GEMMs and GEMVs run single-threaded (ATen and team_size see the
+    // parallel region), each on its own rows: the same bits as one expert at a time. Measured on
+    // a 2-core Xeon (AMX), bench moe's layer shape: 256 tokens 23.3 -> 20.7 ms, 64 tokens 17.8 ->
+    // 16.3, 1024 tokens 39.5 -> 38.9; bench moe bf16 prefill(256), the whole model: 739-805 ->
+    // 940-1012 tok/s.
+    // ATen's thread-local state (inference mode, grad mode) is the caller's in every thread, as
+    // at::parallel_for does it: else an out= GEMM into an inference tensor fails on a worker.
+    const at::ThreadLocalState caller;
+#pragma omp parallel num_threads(static_cast<int>(team_size(e, 1)))
+    {
+      at::ThreadLocalStateGuard same_state(caller);
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t j = 0; j < e; ++j) one_expert(j);
     }
   }
   at::Tensor out = at::zeros({t, h}, x.options().dtype(at::kFloat));

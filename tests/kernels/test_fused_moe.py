@@ -35,6 +35,18 @@ def test_fused_moe_matches_reference(kernel, tol, dtype, tokens, hidden, inter, 
     torch.testing.assert_close(got, moe.fused_moe_reference(x, logits, w13, w2, top_k, renormalize), **tol(dtype))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_prefill_under_inference_mode(kernel, tol, dtype):
+    """The engine runs under torch.inference_mode(): a prefill's experts (the threads of the
+    native kernel take experts side by side) still write their inference-mode tensors, with the
+    result made outside it."""
+    x, logits = torch.randn(77, 72).to(dtype), torch.randn(77, 6).to(dtype)
+    w13, w2 = _experts(6, 72, 40, dtype)
+    with torch.inference_mode():
+        got = kernel(x, logits, w13, w2, 2, True)
+    torch.testing.assert_close(got, moe.fused_moe_reference(x, logits, w13, w2, 2, True), **tol(dtype))
+
+
 def test_an_expert_no_token_chose_is_never_read(kernel):
     x, logits = torch.randn(3, 16), torch.full((3, 4), -30.0)
     logits[:, 1], logits[:, 2] = 5.0, 4.0  # every token: experts 1 and 2
