@@ -54,14 +54,21 @@ def add_ratios(measurements: list[dict[str, Any]]) -> None:
 # issue #5's benchmark targets for a quantized anycore engine: (workload prefix, peer, wanted
 # quantized/peer ratio, higher is better)
 QUANT_TARGETS = (("decode", "llama.cpp Q8_0", 1.3), ("prefill", "llama.cpp Q8_0", 2.0))
+# a GGUF file served in its own blocks is judged against llama.cpp on the same file (issue #19:
+# batch-1 decode >= 1.3x); its type fills in the peer's name
+GGUF_TARGETS = (("decode", "llama.cpp {file_type}", 1.3),)
 
 
-def quantization_targets(measurements: list[dict[str, Any]], quantization: str | None) -> list[dict[str, Any]]:
+def quantization_targets(measurements: list[dict[str, Any]], quantization: str | None,
+                         file_type: str | None = None) -> list[dict[str, Any]]:
     """The quantized engine against its targets: decode and prefill vs llama.cpp Q8_0 (same
-    run), resident memory vs anycore bf16 (wanted: about half), decode's fraction of the
-    bandwidth limit. Cells not measured in this run are left out."""
+    run; for ``gguf``, decode vs llama.cpp on the same file, whose type is ``file_type``),
+    resident memory vs anycore bf16 (wanted: about half), decode's fraction of the bandwidth
+    limit. Cells not measured in this run are left out."""
     if not quantization:
         return []
+    peer_targets = (tuple((w, peer.format(file_type=file_type), want) for w, peer, want in GGUF_TARGETS)
+                    if quantization == "gguf" else QUANT_TARGETS)
     quant = f"anycore {quantization}"  # and its variants, e.g. "anycore w8a8_int8 +int8 head"
     cells = {(m["workload"], m["engine"]): m for m in measurements}
     out = []
@@ -69,7 +76,7 @@ def quantization_targets(measurements: list[dict[str, Any]], quantization: str |
         if m["engine"] != quant and not m["engine"].startswith(quant + " "):
             continue
         wl = m["workload"]
-        for prefix, peer, want in QUANT_TARGETS:
+        for prefix, peer, want in peer_targets:
             other = cells.get((wl, peer))
             if wl.startswith(prefix) and other:
                 got = m["median"] / other["median"]

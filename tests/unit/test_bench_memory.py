@@ -102,6 +102,19 @@ def test_targets_against_llama_cpp_q8_0():
     assert "wanted >= 2.0 NOT met" in text and "wanted >= 1.3 met" in text
 
 
+def test_gguf_targets_are_against_llama_cpp_on_the_same_file():
+    """A GGUF served in its own blocks runs the model file itself (here Q4_1): its decode target
+    is llama.cpp on that file, never a re-quantized copy such as Q8_0, and has no prefill target."""
+    def cell(workload, engine, median):
+        return report.measurement(workload, engine, "tok/s", True, [median], [{"other_cores": 0.0}], None)
+
+    ms = [cell("decode b=1", "anycore gguf", 250), cell("decode b=1", "llama.cpp Q4_1", 100),
+          cell("decode b=1", "llama.cpp Q8_0", 80), cell("prefill 512", "anycore gguf", 2800),
+          cell("prefill 512", "llama.cpp Q4_1", 300), cell("prefill 512", "llama.cpp Q8_0", 560)]
+    got = [(t["workload"], t["versus"], t["ratio"]) for t in report.quantization_targets(ms, "gguf", "Q4_1")]
+    assert got == [("decode b=1", "llama.cpp Q4_1", pytest.approx(2.5))]
+
+
 def test_noisy_repeat_is_measured_again(tmp_path, monkeypatch):
     from anycore.bench.load import LoadReport
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from anycore.bench import hardware, report
 from anycore.bench.compare.args import CompareInputs
+from anycore.bench.peers.gguf_files import gguf_type
 from anycore.config import EngineConfig
 
 
@@ -52,7 +53,7 @@ class ResultLog:
         self.hardware = hardware_limits
         self.meta = {
             "cpu_model": hardware.cpu_model(), "machine": platform.machine(), "cpus": os.cpu_count(),
-            "threads": threads, "model": str(model), "quantization": quantization,
+            "threads": threads, "model": str(model), "model_type": gguf_type(model), "quantization": quantization,
             "busiest_other_processes_at_start": busiest, "versions": versions(), "repeats": self.args.repeats,
             "args": {k: v for k, v in vars(self.args).items() if k != "func"},
             "noise_thresholds": {"other_cores": self.noise_cores, "cv": self.noise_cv},
@@ -73,7 +74,8 @@ class ResultLog:
             "meta": {"started": started, "seconds": time.time() - self.t0, **self.meta},
             "hardware": self.hardware, "engines": self.engines, "skipped": self.skipped,
             "measurements": self.measurements,
-            "targets": report.quantization_targets(self.measurements, self.quantization),
+            "targets": report.quantization_targets(self.measurements, self.quantization,
+                                                   self.meta.get("model_type")),
             "partial": partial,
         }
         if error is not None:
