@@ -85,9 +85,20 @@ def test_greedy_tokens_identical_with_ngram_speculation_on_the_gguf_blocks():
     prompts = [base.apply_chat_template(c) for c in CHATS]
     for p in prompts:
         assert spec.generate([p], GREEDY)[0].token_ids == base.generate([p], GREEDY)[0].token_ids
-    assert spec.engine.stats().spec_verify_steps > 0 and spec.engine.stats().spec_accepted_tokens > 0
     # the draft length follows measured step costs (spec/step_cost.py): plain steps (1 row) and
-    # verify steps (1 + k rows) were both timed, so the tokens above were identical whatever k it chose
+    # verify steps (1 + k rows; the first proposal is always verified, an untried k looks cheap)
+    # were both timed, so the tokens above were identical whatever k it chose
     rows = spec.engine.speculator.costs.snapshot()
     assert 1 in rows and any(n > 1 for n in rows) and all(t > 0 for t in rows.values())
+    # On the Q4_1 blocks an extra row is expensive (~2x a plain step for 2 rows on a Xeon), so
+    # measured costs may choose plain steps nearly throughout, and how often depends on the load
+    # (a CI run verified once in four prompts and kept nothing). Fixed costs draft the full k
+    # every step: drafts are then verified and kept, and the tokens stay the same.
+    spec.engine.speculator.costs = FixedCosts()
+    before = spec.engine.stats()
+    for p in prompts:
+        assert spec.generate([p], GREEDY)[0].token_ids == base.generate([p], GREEDY)[0].token_ids
+    after = spec.engine.stats()
+    assert after.spec_verify_steps > before.spec_verify_steps
+    assert after.spec_accepted_tokens > before.spec_accepted_tokens
     assert_no_slot_leaked(spec)
