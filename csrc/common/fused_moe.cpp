@@ -24,6 +24,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <exception>
 #include <numeric>
 #include <utility>
 #include <vector>
@@ -165,16 +166,26 @@ at::Tensor fused_moe(const at::Tensor& x_in, const at::Tensor& router_logits, co
     // parallel region), each on its own rows: the same bits as one expert at a time. Measured on
     // a 2-core Xeon (AMX), bench moe's layer shape: 256 tokens 23.3 -> 20.7 ms, 64 tokens 17.8 ->
     // 16.3, 1024 tokens 39.5 -> 38.9; bench moe bf16 prefill(256), the whole model: 739-805 ->
-    // 940-1012 tok/s.
-    // ATen's thread-local state (inference mode, grad mode) is the caller's in every thread, as
-    // at::parallel_for does it: else an out= GEMM into an inference tensor fails on a worker.
+    // 940-1012 tok/s. As at::parallel_for does, every thread runs with the caller's ATen
+    // thread-local state (inference mode: else an out= GEMM into an inference tensor fails on a
+    // worker), and an error in any thread is raised here, after the team (one escaping an
+    // OpenMP region would end the process, a server with it).
     const at::ThreadLocalState caller;
+    std::exception_ptr failure;
 #pragma omp parallel num_threads(static_cast<int>(team_size(e, 1)))
     {
       at::ThreadLocalStateGuard same_state(caller);
 #pragma omp for schedule(dynamic, 1)
-      for (int64_t j = 0; j < e; ++j) one_expert(j);
+      for (int64_t j = 0; j < e; ++j) {
+        try {
+          one_expert(j);
+        } catch (...) {
+#pragma omp critical(fused_moe_failure)
+          if (!failure) failure = std::current_exception();
+        }
+      }
     }
+    if (failure) std::rethrow_exception(failure);
   }
   at::Tensor out = at::zeros({t, h}, x.options().dtype(at::kFloat));
   // (serial: pairs * h adds, small next to the projections; the rows of one token never race)
