@@ -260,14 +260,17 @@ class NativeExecutor:
         would give."""
         return self._decode(self.ops.decode_greedy, token, start, (steps,), slot_row, k_pool, v_pool).tolist()
 
-    def decode_logits(self, token: int, start: int, slot_row: torch.Tensor, k_pool: torch.Tensor,
+    def decode_logits(self, tokens: list[int], start: int, slot_row: torch.Tensor, k_pool: torch.Tensor,
                       v_pool: torch.Tensor) -> torch.Tensor:
-        """One such step's fp32 logits ``[1, vocab]``: the bits the forward and the logits head
-        give for that one-token batch."""
-        return self._decode(self.ops.decode_logits, token, start, (), slot_row, k_pool, v_pool)
+        """fp32 logits ``[n, vocab]`` of one request's ``n`` tokens at positions ``start ..
+        start + n - 1`` (one token: a decode step; more: a causal extend, e.g. a chain draft's
+        verify), their KV written to ``slot_row``'s slots: the bits the forward and the logits
+        head give for that one-request batch."""
+        ids = torch.tensor(tokens, dtype=torch.int64)
+        return self._decode(self.ops.decode_logits, ids, start, (), slot_row, k_pool, v_pool)
 
-    def _decode(self, op: Callable, token: int, start: int, steps: tuple[int, ...], slot_row: torch.Tensor,
-                k_pool: torch.Tensor, v_pool: torch.Tensor) -> torch.Tensor:
+    def _decode(self, op: Callable, token: int | torch.Tensor, start: int, steps: tuple[int, ...],
+                slot_row: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor) -> torch.Tensor:
         args = self._greedy_args()
         if args is None or op is None:
             raise RuntimeError("native decode on a model that cannot (check can_decode_greedy first)")

@@ -23,7 +23,11 @@ def verify_drafts(spans: list[VerifySpan], hidden: torch.Tensor,
                   compute_logits: Callable[[torch.Tensor], torch.Tensor]) -> dict[str, list[int]]:
     """The tokens each verifying request emits (1 .. k + 1), from the kept ``hidden`` rows."""
     rows = torch.cat([torch.arange(v.first_row, v.first_row + v.count) for v in spans])
-    logits = compute_logits(hidden[rows]).float()
+    return verify_logits(spans, compute_logits(hidden[rows]).float())
+
+
+def verify_logits(spans: list[VerifySpan], logits: torch.Tensor) -> dict[str, list[int]]:
+    """The same from the verified rows' logits, the spans' rows one after another."""
     out: dict[str, list[int]] = {}
     at = 0
     for v in spans:

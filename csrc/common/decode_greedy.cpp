@@ -18,6 +18,9 @@
 // decoding alone with any other sampling (temperature, top-k/p, penalties, logprobs) samples
 // from them in Python (engine/sampler.py) without the runner's batch, the model's Python
 // forward or the separate head call (~0.4 ms of a ~4.5 ms Q4_1 step, measured in-process).
+// Given n > 1 tokens it is one causal extend of them (positions start .. start + n - 1): a
+// request verifying a chain draft alone gets every row's logits the same way (the extend the
+// runner's batch would run, engine/spec_verify.py verifies them).
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -112,21 +115,25 @@ void check_decode_args(int64_t start, int64_t steps, const c10::List<std::option
               "decode_greedy: head is [weight], [blocks, qtype] or [packed, w_scale, inv_smooth]");
 }
 
-// One step of the request: `token` at position `pos` through the embedding row, the stack (its
-// KV written to slot_row[pos]), the final norm and the logits head -> fp32 logits [1, vocab].
-at::Tensor step_logits(int64_t token, int64_t pos, const c10::List<std::optional<at::Tensor>>& embed,
+// One step of the request: `tokens` (int64 [n]) at positions pos .. pos + n - 1 through the
+// embedding rows, the stack (a causal extend; their KV written to slot_row[pos ..]), the final
+// norm and the logits head -> fp32 logits [n, vocab].
+at::Tensor step_logits(const at::Tensor& tokens, int64_t pos, const c10::List<std::optional<at::Tensor>>& embed,
                        int64_t embed_impl, int64_t vocab, int64_t hidden_size,
                        const c10::intrusive_ptr<StackWeights>& stack, const at::Tensor& k_pool,
                        const at::Tensor& v_pool, const at::Tensor& slot_row, const at::Tensor& cos_table,
                        const at::Tensor& sin_table, const at::Tensor& final_norm,
                        const c10::List<std::optional<at::Tensor>>& head, int64_t head_impl, int64_t num_heads,
                        int64_t num_kv_heads, int64_t head_dim, double eps, double final_eps, double scale) {
-  TORCH_CHECK(token >= 0 && token < vocab, "decode_greedy: token ", token, " outside the vocabulary");
-  const at::Tensor q_start = at::arange(2, slot_row.options());
-  at::Tensor hidden = embedding_row(embed, embed_impl, vocab, hidden_size, at::full({1}, token, slot_row.options()));
-  auto [h, res] = decoder_stack(hidden, stack, k_pool, v_pool, slot_row.select(0, 0).narrow(0, pos, 1),
-                                cos_table.narrow(0, pos, 1), sin_table.narrow(0, pos, 1), q_start,
-                                at::full({1}, pos + 1, slot_row.options()), slot_row.narrow(1, 0, pos + 1), num_heads,
+  const int64_t n = tokens.numel();
+  const int64_t* ids = tokens.data_ptr<int64_t>();
+  for (int64_t i = 0; i < n; ++i)
+    TORCH_CHECK(ids[i] >= 0 && ids[i] < vocab, "decode_greedy: token ", ids[i], " outside the vocabulary");
+  const at::Tensor q_start = at::tensor({int64_t{0}, n}, slot_row.options());
+  at::Tensor hidden = embedding_row(embed, embed_impl, vocab, hidden_size, tokens);
+  auto [h, res] = decoder_stack(hidden, stack, k_pool, v_pool, slot_row.select(0, 0).narrow(0, pos, n),
+                                cos_table.narrow(0, pos, n), sin_table.narrow(0, pos, n), q_start,
+                                at::full({1}, pos + n, slot_row.options()), slot_row.narrow(1, 0, pos + n), num_heads,
                                 num_kv_heads, head_dim, eps, scale);
   at::Tensor normed = std::get<0>(add_rms_norm(h, res, final_norm, final_eps, stack->op_impls[kOpAddRmsNorm]));
   at::Tensor logits;
@@ -156,8 +163,10 @@ at::Tensor decode_greedy(int64_t token, int64_t start, int64_t steps, const c10:
   check_decode_args(start, steps, embed, vocab, hidden_size, slot_row, cos_table, sin_table, head);
   at::Tensor out = at::empty({steps}, slot_row.options());
   int64_t* out_p = out.data_ptr<int64_t>();
+  at::Tensor current = at::empty({1}, slot_row.options());
   for (int64_t i = 0; i < steps; ++i) {
-    const at::Tensor logits = step_logits(token, start + i, embed, embed_impl, vocab, hidden_size, stack, k_pool,
+    current.data_ptr<int64_t>()[0] = token;
+    const at::Tensor logits = step_logits(current, start + i, embed, embed_impl, vocab, hidden_size, stack, k_pool,
                                           v_pool, slot_row, cos_table, sin_table, final_norm, head, head_impl,
                                           num_heads, num_kv_heads, head_dim, eps, final_eps, scale);
     token = first_argmax(logits.data_ptr<float>(), logits.numel());
@@ -166,15 +175,17 @@ at::Tensor decode_greedy(int64_t token, int64_t start, int64_t steps, const c10:
   return out;
 }
 
-at::Tensor decode_logits(int64_t token, int64_t start, const c10::List<std::optional<at::Tensor>>& embed,
+at::Tensor decode_logits(const at::Tensor& tokens, int64_t start, const c10::List<std::optional<at::Tensor>>& embed,
                          int64_t embed_impl, int64_t vocab, int64_t hidden_size,
                          const c10::intrusive_ptr<StackWeights>& stack, const at::Tensor& k_pool,
                          const at::Tensor& v_pool, const at::Tensor& slot_row, const at::Tensor& cos_table,
                          const at::Tensor& sin_table, const at::Tensor& final_norm,
                          const c10::List<std::optional<at::Tensor>>& head, int64_t head_impl, int64_t num_heads,
                          int64_t num_kv_heads, int64_t head_dim, double eps, double final_eps, double scale) {
-  check_decode_args(start, 1, embed, vocab, hidden_size, slot_row, cos_table, sin_table, head);
-  return step_logits(token, start, embed, embed_impl, vocab, hidden_size, stack, k_pool, v_pool, slot_row, cos_table,
+  TORCH_CHECK(tokens.dim() == 1 && tokens.numel() >= 1 && tokens.scalar_type() == at::kLong && tokens.is_contiguous(),
+              "decode_logits: tokens must be int64 [n >= 1]");
+  check_decode_args(start, tokens.numel(), embed, vocab, hidden_size, slot_row, cos_table, sin_table, head);
+  return step_logits(tokens, start, embed, embed_impl, vocab, hidden_size, stack, k_pool, v_pool, slot_row, cos_table,
                      sin_table, final_norm, head, head_impl, num_heads, num_kv_heads, head_dim, eps, final_eps, scale);
 }
 

@@ -99,8 +99,9 @@ at::Tensor decode_greedy(int64_t token, int64_t start, int64_t steps, const c10:
                          const at::Tensor& sin_table, const at::Tensor& final_norm,
                          const c10::List<std::optional<at::Tensor>>& head, int64_t head_impl, int64_t num_heads,
                          int64_t num_kv_heads, int64_t head_dim, double eps, double final_eps, double scale);
-// One such step's fp32 logits [1, vocab] (its KV written to slot_row[start]).
-at::Tensor decode_logits(int64_t token, int64_t start, const c10::List<std::optional<at::Tensor>>& embed,
+// One such step's fp32 logits [n, vocab] for n tokens at positions start .. start + n - 1 (a
+// causal extend; their KV written to slot_row[start ..]).
+at::Tensor decode_logits(const at::Tensor& tokens, int64_t start, const c10::List<std::optional<at::Tensor>>& embed,
                          int64_t embed_impl, int64_t vocab, int64_t hidden_size,
                          const c10::intrusive_ptr<StackWeights>& stack, const at::Tensor& k_pool,
                          const at::Tensor& v_pool, const at::Tensor& slot_row, const at::Tensor& cos_table,

@@ -167,3 +167,46 @@ def test_a_request_sampling_alone_takes_one_native_call_with_the_same_bits(tmp_p
     assert got == ref
     assert torch.equal(k, k_ref)
     assert ref[3][1] and all(len(top) == 2 for _, _, top in ref[3][1])  # the logprobs really came out
+
+
+@pytest.mark.parametrize("quant", ["bf16", "w8a8-head-embed"])
+def test_a_request_verifying_a_draft_alone_takes_one_native_call_with_the_same_bits(tmp_path, tokenizer,
+                                                                                    restore_threads, quant):
+    """A chain draft verified alone: every row's logits from one decode_logits call (a causal
+    extend) equal the runner's batch + forward + head (``decode_burst=0``), so the tokens and the
+    KV agree. Seeded sampling requests: they draft the full k whatever the step times (a greedy
+    one's drafts follow measured costs, which differ between runs), and their verification reads
+    the exact probabilities."""
+    write_checkpoint(tmp_path, "llama-untied-llama3-rope", tokenizer)
+    prompt = [3 + i % 7 for i in range(40)]  # repeats: the n-gram proposer always finds a match
+    params = [SamplingParams(temperature=0.8, max_tokens=12, seed=5, ignore_eos=True),
+              SamplingParams(temperature=0.3, top_k=5, max_tokens=12, seed=9, ignore_eos=True)]
+
+    def run(burst: int):
+        llm = LLM(model=str(tmp_path), dtype="bfloat16", kv_cache_gb=0.01, threads=2, decode_burst=burst,
+                  speculative_algorithm="ngram", ngram_prompt_lookup_min=1, speculative_min_acceptance=0.0,
+                  enable_prefix_caching=False, **QUANT[quant])
+        engine = llm.engine
+        native = engine.runner.native
+        if burst and not native.can_decode_greedy():
+            pytest.skip("no native decode here")
+        extends = []
+        step_logits = native.decode_logits
+        native.decode_logits = lambda tokens, *a: extends.append(len(tokens)) or step_logits(tokens, *a)
+        outs = []
+        for p in params:
+            engine.add_request(prompt, p)
+            tokens = []
+            while engine.has_unfinished():
+                for o in engine.step():
+                    tokens += o.new_token_ids
+            outs.append(tokens)
+        return outs, engine.kv_pool.k.clone(), engine.kv_pool.v.clone(), engine.stats(), extends
+
+    ref, k_ref, v_ref, stats_ref, extends_ref = run(0)
+    got, k, v, stats, extends = run(1)
+    assert extends_ref == [] and any(n > 1 for n in extends)  # the verifies ran natively
+    assert stats.spec_verify_steps == stats_ref.spec_verify_steps > 0
+    assert stats.spec_accepted_tokens == stats_ref.spec_accepted_tokens
+    assert got == ref
+    assert torch.equal(k, k_ref) and torch.equal(v, v_ref)
