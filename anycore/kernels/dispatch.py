@@ -60,13 +60,15 @@ def select_ops(
         stack, stack_weights = _bind_decoder_stack([native_index[op] for op in FUSED_OPS])
         greedy = torch.ops.anycore.decode_greedy.default
         step_logits = torch.ops.anycore.decode_logits.default
+    gguf_rows = _bind_gguf_embedding(native_index["gguf_linear"]) if "gguf_linear" in native_index else None
     for c in sel.choices:
         log.info("kernel %s -> %s (%s)", c.op, c.impl, c.reason)
     log.info("kernel decoder_stack -> %s", "native" if stack else "op by op (some op is not native)")
     for w in sel.warnings:
         log.warning("kernels: %s", w)
     return KernelOps(fns, decoder_stack=stack, stack_weights=stack_weights,
-                     decode_greedy=greedy, decode_logits=step_logits, native_index=native_index, choices=sel.as_dict(),
+                     decode_greedy=greedy, decode_logits=step_logits, gguf_embedding=gguf_rows,
+                     native_index=native_index, choices=sel.as_dict(),
                      reasons={c.op: c.reason for c in sel.choices})
 
 
@@ -152,6 +154,17 @@ def _bind_decoder_stack(op_impls: list[int]) -> tuple[Callable, Callable]:
         return torch.classes.anycore.StackWeights(weights, linear_impls, op_impls)
 
     return torch.ops.anycore.decoder_stack.default, stack_weights
+
+
+def _bind_gguf_embedding(idx: int) -> Callable:
+    """``gguf_embedding(blocks, qtype, ids, dtype)`` on variant ``idx``'s dequantizer (bf16 or fp32 rows)."""
+    native = torch.ops.anycore.gguf_embedding.default
+
+    def gguf_embedding(blocks: torch.Tensor, qtype: int, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        rows = native(blocks, qtype, ids, dtype is torch.bfloat16, idx)
+        return rows if rows.dtype is dtype else rows.to(dtype)
+
+    return gguf_embedding
 
 
 def implementations(op: str) -> list[tuple[str, str]]:

@@ -203,6 +203,9 @@ class KernelOps:
     # decode_logits(token, start, <decode_greedy's arguments without steps>) -> fp32 [1, vocab]:
     # one such step's logits, for a request decoding alone that samples (csrc/common/decode_greedy.cpp)
     decode_logits: Callable | None = None
+    # gguf_embedding(blocks, qtype, ids, dtype) -> [len(ids), hidden] of dtype: a GGUF table's rows
+    # dequantized natively by gguf_linear's variant (VocabEmbedding's lookup; csrc/common/decode_greedy.cpp)
+    gguf_embedding: Callable | None = None
     # op name -> variant index in the extension, for native choices (the fused layer needs them)
     native_index: dict[str, int] = field(default_factory=dict)
     # op name -> human-readable implementation name (for logs and `anycore doctor`)

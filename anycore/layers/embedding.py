@@ -31,9 +31,11 @@ class VocabEmbedding(nn.Module):
     SmolLM2-135M's Q8_0 table is held once (30 MB) instead of a bf16 copy (57 MB) beside it.
     """
 
-    def __init__(self, vocab_size: int, hidden_size: int, dtype: torch.dtype) -> None:
+    def __init__(self, vocab_size: int, hidden_size: int, dtype: torch.dtype, ops: KernelOps | None = None) -> None:
         super().__init__()
         self.dtype = dtype
+        # a GGUF table's lookup: the native rows where the kernels have them (the same bits)
+        self.gguf_lookup = ops.gguf_embedding if ops is not None else None
         self.weight = nn.Parameter(torch.empty(vocab_size, hidden_size, dtype=dtype), requires_grad=False)
         self.shared_head: LogitsHead | None = None  # (a plain reference: not a submodule of the table)
         self.gguf_qtype: int | None = None
@@ -78,6 +80,9 @@ class VocabEmbedding(nn.Module):
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.gguf_qtype is not None:  # the looked-up rows' blocks dequantized, in fp32 then the dtype
+            if self.gguf_lookup is not None:
+                rows = self.gguf_lookup(self.gguf_rows, self.gguf_qtype, input_ids.reshape(-1), self.dtype)
+                return rows.reshape(*input_ids.shape, self.table_shape[1])
             blocks = gather_rows(self.gguf_rows, self.gguf_qtype, input_ids.reshape(-1))
             rows = dequantize(blocks, file_type(self.gguf_qtype))
             return rows.to(self.dtype).reshape(*input_ids.shape, self.table_shape[1])

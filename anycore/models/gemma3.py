@@ -120,7 +120,7 @@ class Gemma3ForCausalLM(nn.Module):
         def linear(in_features: int, out_sizes: int | list[int], bias: bool) -> Linear:
             return Linear(in_features, out_sizes, bias, dtype, ops, linear_method() if linear_method else None)
 
-        self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size, dtype)
+        self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size, dtype, ops)
         # transformers keeps sqrt(hidden) as an fp32 tensor and casts it to the table's dtype
         # before multiplying (bf16: sqrt(640) = 25.298 becomes 25.25)
         self.embed_scale = torch.tensor(cfg.hidden_size**0.5, dtype=torch.float32).to(dtype)

@@ -139,7 +139,7 @@ class LlamaForCausalLM(nn.Module):
         def linear(in_features: int, out_sizes: int | list[int], bias: bool) -> Linear:
             return Linear(in_features, out_sizes, bias, dtype, ops, linear_method() if linear_method else None)
 
-        self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size, dtype)
+        self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size, dtype, ops)
         self.layers = nn.ModuleList(DecoderLayer(cfg, i, ops, dtype, linear, self.make_mlp(cfg, i, ops, dtype, linear))
                                     for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops, dtype)

@@ -23,11 +23,49 @@
 // runner's batch would run, engine/spec_verify.py verifies them).
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "ops.h"
 
 namespace anycore::ops {
+
+// The rows `ids` (int64) of a GGUF table's blocks uint8 [vocab, row bytes] of type qtype (either
+// layout), as VocabEmbedding's torch form computes them: each block dequantized in fp32 (variant
+// impl's dequantizer, the dense path's), then rounded to bf16 where `bf16`.
+at::Tensor gguf_embedding(const at::Tensor& blocks, int64_t qtype_in, const at::Tensor& ids_in, bool bf16,
+                          int64_t impl) {
+  const int qtype = static_cast<int>(qtype_in);
+  TORCH_CHECK(gguf_block_bytes(qtype) > 0, "gguf_embedding: unsupported block type ", qtype);
+  TORCH_CHECK(blocks.scalar_type() == at::kByte && blocks.dim() == 2 && blocks.is_contiguous() &&
+                  blocks.size(1) % gguf_block_bytes(qtype) == 0,
+              "gguf_embedding: blocks must be a contiguous uint8 [vocab, row bytes]");
+  const int64_t vocab = blocks.size(0), hidden = blocks.size(1) / gguf_block_bytes(qtype) * gguf_block_elems(qtype);
+  TORCH_CHECK(!gguf_is_x16(qtype) || vocab % kGgufX16Rows == 0,
+              "gguf_embedding: interleaved blocks need whole groups of 16 rows");
+  const at::Tensor ids = ids_in.to(at::kLong).contiguous().view({-1});
+  const int64_t* id = ids.data_ptr<int64_t>();
+  for (int64_t i = 0; i < ids.numel(); ++i)
+    TORCH_CHECK(id[i] >= 0 && id[i] < vocab, "gguf_embedding: token ", id[i], " outside the vocabulary");
+  at::Tensor rows = at::empty({ids.numel(), hidden}, blocks.options().dtype(bf16 ? at::kBFloat16 : at::kFloat));
+  const int64_t elem = bf16 ? 2 : 4;
+  GgufArgs a{};  // one row at a time through the variant's dequantizer (the dense path's)
+  a.qtype = qtype, a.k = hidden, a.out_type = bf16 ? 1 : 0;
+  // interleaved (kGgufX16): the row is lane id % 16 of its group, decoded into a 16-row scratch
+  const int64_t group = gguf_is_x16(qtype) ? kGgufX16Rows : 1;
+  std::vector<char> scratch(group > 1 ? group * hidden * elem : 0);
+  for (int64_t i = 0; i < ids.numel(); ++i) {
+    const int64_t lane = id[i] % group;
+    char* dst = static_cast<char*>(rows.data_ptr()) + i * hidden * elem;
+    a.w = blocks.data_ptr<uint8_t>() + (id[i] - lane) * blocks.size(1);
+    a.n = group;
+    a.out = group == 1 ? static_cast<void*>(dst) : static_cast<void*>(scratch.data());
+    gguf_table(impl).dequantize_rows(a, lane, lane + 1);
+    if (group > 1) std::memcpy(dst, scratch.data() + lane * hidden * elem, hidden * elem);
+  }
+  return rows;
+}
+
 namespace {
 
 // numpy's argmax (sampler.argmax_rows): the first NaN if any, else the first maximum
@@ -50,28 +88,9 @@ at::Tensor embedding_row(const c10::List<std::optional<at::Tensor>>& embed, int6
   const at::Tensor first = *embed.get(0);
   if (embed.size() == 1) return first.index_select(0, ids);
   if (embed.size() == 2 && embed.get(1)->scalar_type() == at::kLong) {
-    const int qtype = static_cast<int>(embed.get(1)->item<int64_t>());
-    TORCH_CHECK(gguf_block_bytes(qtype) > 0 && hidden % kGgufBlock == 0 && first.scalar_type() == at::kByte &&
-                    first.is_contiguous() && first.size(0) == vocab && first.size(1) == gguf_row_bytes(qtype, hidden),
-                "decode_greedy: gguf embedding blocks must be uint8 [vocab, row bytes] of a supported type");
-    at::Tensor rows = at::empty({ids.numel(), hidden}, first.options().dtype(at::kBFloat16));
-    const int64_t* id = ids.data_ptr<int64_t>();
-    TORCH_CHECK(!gguf_is_x16(qtype) || vocab % kGgufX16Rows == 0,
-                "decode_greedy: interleaved embedding blocks need whole groups of 16 rows");
-    GgufArgs a{};  // one row at a time through the variant's dequantizer (the dense path's)
-    a.qtype = qtype, a.k = hidden, a.out_type = 1;
-    // interleaved (kGgufX16): the row is lane id % 16 of its group, decoded into a 16-row scratch
-    const int64_t group = gguf_is_x16(qtype) ? kGgufX16Rows : 1;
-    std::vector<at::BFloat16> scratch(gguf_is_x16(qtype) ? group * hidden : 0);
-    for (int64_t i = 0; i < ids.numel(); ++i) {
-      const int64_t lane = id[i] % group;
-      at::BFloat16* dst = rows.data_ptr<at::BFloat16>() + i * hidden;
-      a.w = first.data_ptr<uint8_t>() + (id[i] - lane) * first.size(1);
-      a.n = group;
-      a.out = group == 1 ? static_cast<void*>(dst) : static_cast<void*>(scratch.data());
-      gguf_table(impl).dequantize_rows(a, lane, lane + 1);
-      if (group > 1) std::copy_n(scratch.data() + lane * hidden, hidden, dst);
-    }
+    at::Tensor rows = gguf_embedding(first, embed.get(1)->item<int64_t>(), ids, true, impl);
+    TORCH_CHECK(first.size(0) == vocab && rows.size(1) == hidden,
+                "decode_greedy: gguf embedding blocks must be [vocab, hidden] of their type");
     return rows;
   }
   if (embed.size() == 2) {

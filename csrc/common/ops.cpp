@@ -559,6 +559,7 @@ TORCH_LIBRARY(anycore, m) {
         "Tensor cos_table, Tensor sin_table, Tensor final_norm, Tensor?[] head, int head_impl, int num_heads, "
         "int num_kv_heads, int head_dim, float eps, float final_eps, float scale) -> Tensor",
         &decode_greedy);
+  m.def("gguf_embedding(Tensor blocks, int qtype, Tensor ids, bool bf16, int impl) -> Tensor", &gguf_embedding);
   m.def("decode_logits(Tensor tokens, int start, Tensor?[] embed, int embed_impl, int vocab, int hidden_size, "
         "__torch__.torch.classes.anycore.StackWeights weights, Tensor k_pool, Tensor v_pool, Tensor slot_row, "
         "Tensor cos_table, Tensor sin_table, Tensor final_norm, Tensor?[] head, int head_impl, int num_heads, "

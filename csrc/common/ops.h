@@ -99,6 +99,9 @@ at::Tensor decode_greedy(int64_t token, int64_t start, int64_t steps, const c10:
                          const at::Tensor& sin_table, const at::Tensor& final_norm,
                          const c10::List<std::optional<at::Tensor>>& head, int64_t head_impl, int64_t num_heads,
                          int64_t num_kv_heads, int64_t head_dim, double eps, double final_eps, double scale);
+// The rows `ids` of a GGUF table's blocks [vocab, row bytes] (qtype, either layout), dequantized by
+// variant impl in fp32 per block, bf16 or fp32 out: VocabEmbedding's lookup.
+at::Tensor gguf_embedding(const at::Tensor& blocks, int64_t qtype, const at::Tensor& ids, bool bf16, int64_t impl);
 // One such step's fp32 logits [n, vocab] for n tokens at positions start .. start + n - 1 (a
 // causal extend; their KV written to slot_row[start ..]).
 at::Tensor decode_logits(const at::Tensor& tokens, int64_t start, const c10::List<std::optional<at::Tensor>>& embed,

@@ -250,3 +250,25 @@ def test_interleaved_needs_whole_groups():
     w = random_blocks(32, 64, G.X16 + G.Q4_1)[:24]
     with pytest.raises(RuntimeError, match="groups of 16 rows"):
         torch.ops.anycore.gguf_linear(torch.randn(1, 64), w, G.X16 + G.Q4_1, None, 0)
+
+
+@pytest.mark.parametrize("qtype", FORMATS + INTERLEAVED, ids=[G.FORMATS[t][0] for t in FORMATS + INTERLEAVED])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_embedding_rows_equal_the_torch_lookup(impl, qtype, dtype):
+    """The native lookup of a GGUF table (VocabEmbedding, on gguf_linear's variant): the rows the
+    torch form gives (blocks gathered, dequantized in fp32, then the dtype), bit for bit, in any
+    order, repeated, in both layouts."""
+    from anycore.kernels.build import load_extension
+    from anycore.kernels.dispatch import _bind_gguf_embedding
+    from anycore.platform.selection import REFERENCE, TORCH_NATIVE
+
+    if impl in (REFERENCE, TORCH_NATIVE):
+        pytest.skip("a native lookup only")
+    w = random_blocks(48, 320, qtype)
+    ids = torch.tensor([47, 0, 5, 5, 16, 31, 17, 2])
+    lookup = _bind_gguf_embedding(load_extension().variants.index(impl))
+    expected = G.dequantize(G.gather_rows(w, qtype, ids), G.file_type(qtype)).to(dtype)
+    got = lookup(w, qtype, ids, dtype)
+    assert got.dtype == dtype and torch.equal(got, expected)
+    with pytest.raises(RuntimeError, match="outside the vocabulary"):
+        lookup(w, qtype, torch.tensor([48]), dtype)
