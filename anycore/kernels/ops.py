@@ -200,8 +200,9 @@ class KernelOps:
     # scale) -> int64 [steps]: one request's greedy tokens, several in one native call
     # (csrc/common/decode_greedy.cpp); bound with decoder_stack
     decode_greedy: Callable | None = None
-    # decode_logits(token, start, <decode_greedy's arguments without steps>) -> fp32 [1, vocab]:
-    # one such step's logits, for a request decoding alone that samples (csrc/common/decode_greedy.cpp)
+    # decode_logits(tokens int64 [n], start, <decode_greedy's arguments without steps>) -> fp32
+    # [n, vocab]: one such step's logits (n > 1: a causal extend), for a request decoding alone that
+    # samples or verifying a chain draft alone (csrc/common/decode_greedy.cpp)
     decode_logits: Callable | None = None
     # gguf_embedding(blocks, qtype, ids, dtype) -> [len(ids), hidden] of dtype: a GGUF table's rows
     # dequantized natively by gguf_linear's variant (VocabEmbedding's lookup; csrc/common/decode_greedy.cpp)
