@@ -213,13 +213,17 @@ struct GgufVnniMicro {
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
         const int8_t* xr = qx + r * k + b * kGgufBlock;
-        __m512i s = base == kGgufQ8_0 ? _mm512_set1_epi32(-128 * qsum[r * nb + b]) : _mm512_setzero_si512();
+        // four independent chains of 2 VPDPBUSDs (one of 8 made each row wait on the instruction's
+        // latency 8 times per block), summed: the same exact int32
+        __m512i s4[4] = {base == kGgufQ8_0 ? _mm512_set1_epi32(-128 * qsum[r * nb + b]) : _mm512_setzero_si512(),
+                         _mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512()};
 #pragma GCC unroll 8
         for (int i = 0; i < 8; ++i) {
           int32_t four;
           std::memcpy(&four, xr + 4 * i, 4);
-          s = _mm512_dpbusd_epi32(s, wq[i], _mm512_set1_epi32(four));
+          s4[i & 3] = _mm512_dpbusd_epi32(s4[i & 3], wq[i], _mm512_set1_epi32(four));
         }
+        const __m512i s = _mm512_add_epi32(_mm512_add_epi32(s4[0], s4[1]), _mm512_add_epi32(s4[2], s4[3]));
         acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, _mm512_set1_ps(dx[r * nb + b])), acc[r]);
         if constexpr (base != kGgufQ8_0) acc[r] = _mm512_fmadd_ps(mw, _mm512_set1_ps(sx[r * nb + b]), acc[r]);
       }
