@@ -33,11 +33,15 @@ Activations are quantized per 32-block (llama.cpp's Q8_1 idea): ``dx = max(|x|, 
 with ``sum(q * qx)`` exact in int32: that is what every implementation computes (the float
 order of the sum over blocks differs, so results agree to float rounding, not bit for bit).
 
-That is for at most ``INT8_MAX_ROWS`` activation rows (decode, small batches). More rows
-(prefill) take the simpler path: the blocks dequantized to the activation dtype, then a float
-GEMM (``F.linear``; oneDNN), which on this project's CPUs beats the per-block int8 tiles
-once a call has more than a few rows (SmolLM2 gate_up, 64 rows, one thread: 5.0 ms int8 tiles vs
-~2.3 ms dequantize + bf16 GEMM). Where oneDNN has no bf16 GEMM (AVX2-only x86), bf16
+That is for at most ``INT8_MAX_ROWS`` activation rows (decode, batches, the extend of a prompt
+whose prefix is cached). More rows (prefill chunks) take the simpler path: the blocks
+dequantized to the activation dtype, then a float GEMM (``F.linear``; oneDNN). Where the
+crossover lies depends on that GEMM (``int8_max_rows``): on a 2-core AMD EPYC (Zen 4, AVX-512
+VNNI/BF16, no AMX), SmolLM2 Q4_1 shapes, 2 threads, bf16 activations, the int8 tiles beat
+dequantize + bf16 GEMM at every row count up to 256 (3072 x 576: 163 vs 467 us at 17 rows, 667
+vs 1057 at 64, 2077 vs 2590 at 256) and tie at 512, so there they run up to 256 rows. With
+AMX-BF16 oneDNN's GEMM is several times faster and the old limit of 16 rows stays (not
+re-measured); on Arm too (not measured). Where oneDNN has no bf16 GEMM (AVX2-only x86), bf16
 activations take the fp32 one: the blocks dequantized to fp32 (exactly), the result rounded
 to bf16.
 """
@@ -49,9 +53,21 @@ import torch.nn.functional as F
 
 from anycore.kernels import gguf_kquants as K
 from anycore.kernels.onednn import has_bf16_gemm
+from anycore.platform.features import CpuFeatures, detect
 
 BLOCK = 32
-INT8_MAX_ROWS = 16  # csrc/common/kernel_table.h kGgufInt8MaxRows
+
+
+def int8_max_rows(features: CpuFeatures) -> int:
+    """Activation rows up to which ``gguf_linear`` runs the int8 block tiles on this CPU (more:
+    dequantize + float GEMM; see the module docstring for the measurements behind it)."""
+    if features.arch == "x86_64" and not features.has("amx_bf16"):
+        return 256
+    return 16
+
+
+# this process's rule, which every implementation follows (the native op gets it as an argument)
+INT8_MAX_ROWS = int8_max_rows(detect())
 Q4_0, Q4_1, Q5_0, Q8_0 = 2, 3, 6, 8
 Q4_K, Q5_K, Q6_K = K.Q4_K, K.Q5_K, K.Q6_K
 # ggml type id -> (name, bytes per block, weights per block)

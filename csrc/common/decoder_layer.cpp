@@ -259,14 +259,26 @@ std::tuple<at::Tensor, at::Tensor> decoder_stack(
 
 std::vector<std::string> decoder_layout() { return {std::begin(kWeightNames), std::end(kWeightNames)}; }
 
-int64_t native_linear_max_rows() {
+namespace {
+bool has_amx_bf16() {
 #if defined(__x86_64__)
   // CPUID leaf 7 (sub-leaf 0) EDX bit 22: AMX-BF16
-  static const int64_t rows = [] {
+  static const bool amx = [] {
     unsigned a = 0, b = 0, c = 0, d = 0;
-    return __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d >> 22 & 1u) ? int64_t{8} : int64_t{16};
+    return __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d >> 22 & 1u);
   }();
-  return rows;
+  return amx;
+#else
+  return false;
+#endif
+}
+}  // namespace
+
+int64_t native_linear_max_rows() { return has_amx_bf16() ? 8 : 16; }
+
+int64_t gguf_int8_max_rows() {
+#if defined(__x86_64__)
+  return has_amx_bf16() ? 16 : 256;
 #else
   return 16;
 #endif

@@ -152,9 +152,6 @@ constexpr bool gguf_is_k(int qtype) { return qtype == kGgufQ4_K || qtype == kGgu
 // weights per block: 256 for the K-quant super-blocks, 32 otherwise
 constexpr int64_t gguf_block_elems(int qtype) { return gguf_is_k(qtype) ? 256 : kGgufBlock; }
 constexpr int64_t gguf_row_bytes(int qtype, int64_t k) { return k / gguf_block_elems(qtype) * gguf_block_bytes(qtype); }
-// activation rows up to which gguf_linear runs int8 block dot products; more (prefill) run the
-// blocks dequantized to the activation dtype through a float GEMM (anycore/kernels/gguf.py)
-constexpr int64_t kGgufInt8MaxRows = 16;
 // IEEE half -> float, exact (also subnormals); portable, for the scales of a block.
 inline float gguf_half(const uint8_t* p) {
   const uint16_t h = static_cast<uint16_t>(p[0] | (p[1] << 8));
@@ -256,8 +253,8 @@ struct GgufKernels {
   // output rows (each written at its own column of out)
   void (*quantize_rows)(const GgufArgs& args);
   void (*gemv_rows)(const GgufArgs& args, int64_t n0, int64_t n1);
-  // weight rows [n0, n1) dequantized into out ([n, k] of out_type): the dense path for more
-  // than kGgufInt8MaxRows activation rows (x, m, bias and workspace unused)
+  // weight rows [n0, n1) dequantized into out ([n, k] of out_type): gguf_linear's dense path for
+  // more than gguf_int8_max_rows() activation rows (ops.h; x, m, bias and workspace unused)
   void (*dequantize_rows)(const GgufArgs& args, int64_t n0, int64_t n1);
   // file types (bit t: type t) with a micro-kernel of the variant's own for their 16-row
   // interleaved layout (kGgufX16); 0: none

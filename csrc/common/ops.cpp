@@ -408,13 +408,13 @@ void float_mm_out(at::Tensor& out, const at::Tensor& x, const at::Tensor& w) {
 
 namespace {
 
-// More than kGgufInt8MaxRows activation rows (prefill): the blocks dequantized to x's dtype by
+// More than gguf_int8_max_rows() activation rows (prefill chunks): the blocks dequantized to x's dtype by
 // variant impl's kernel, then at::linear (oneDNN's GEMM), as anycore/kernels/gguf.py specifies;
 // where oneDNN has no bf16 GEMM, bf16 activations take the fp32 one (the weight dequantized to
 // fp32, exactly; the result rounded to bf16), the float GEMM that is fast there.
 at::Tensor gguf_dense_linear(const at::Tensor& x_in, const at::Tensor& qweight, int qtype, int64_t n, int64_t k,
                              const std::optional<at::Tensor>& bias, int64_t impl) {
-  const bool widen = x_in.scalar_type() == at::kBFloat16 && !onednn_has_bf16_gemm();  // (any rows: > 16 here)
+  const bool widen = x_in.scalar_type() == at::kBFloat16 && !onednn_has_bf16_gemm();  // (whatever the rows, as gguf.py _dense)
   const at::Tensor x = widen ? x_in.to(at::kFloat) : x_in;
   // straight into x's dtype (no fp32 copy of the whole weight)
   at::Tensor w = at::empty({n, k}, x.options());
@@ -453,7 +453,7 @@ at::Tensor gguf_linear(const at::Tensor& x_in, const at::Tensor& qweight, int64_
   TORCH_CHECK(x_in.size(-1) == k, "gguf_linear: x has ", x_in.size(-1), " features, the weight ", k);
   at::Tensor x = as_rows(x_in);
   const int64_t m = x.size(0);
-  if (m > kGgufInt8MaxRows) return gguf_dense_linear(x_in, qweight, static_cast<int>(qtype), n, k, bias, impl);
+  if (m > gguf_int8_max_rows()) return gguf_dense_linear(x_in, qweight, static_cast<int>(qtype), n, k, bias, impl);
   GgufArgs a{};
   at::Tensor bc;
   if (bias.has_value() && bias->defined()) {
@@ -546,6 +546,7 @@ TORCH_LIBRARY(anycore, m) {
   m.def("fused_moe_w8a8(Tensor x, Tensor router_logits, Tensor w13, Tensor w2, int top_k, bool renormalize, "
         "Tensor w13_scale, Tensor w2_scale, int impl) -> Tensor", &fused_moe_w8a8);
   m.def("gguf_linear(Tensor x, Tensor qweight, int qtype, Tensor? bias, int impl) -> Tensor", &gguf_linear);
+  m.def("gguf_int8_max_rows() -> int", &gguf_int8_max_rows);
   m.def("w8a8_int8_acc(Tensor xq, Tensor packed, int n, int impl) -> Tensor", &w8a8_int8_acc);
   m.class_<StackWeights>("StackWeights").def(torch::init<Weights, std::vector<int64_t>, std::vector<int64_t>>());
   m.def("decoder_stack(Tensor hidden, __torch__.torch.classes.anycore.StackWeights weights, Tensor k_pool, "

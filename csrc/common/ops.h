@@ -67,6 +67,10 @@ at::Tensor fused_moe_w8a8(const at::Tensor& x, const at::Tensor& router_logits, 
                           const at::Tensor& w2_scale, int64_t impl);
 at::Tensor gguf_linear(const at::Tensor& x, const at::Tensor& qweight, int64_t qtype,
                        const std::optional<at::Tensor>& bias, int64_t impl);
+// Activation rows up to which gguf_linear runs the int8 block tiles on this CPU; more take the
+// blocks dequantized through a float GEMM. 256 on x86 without AMX-BF16, else 16: the rule and
+// its measurements are anycore/kernels/gguf.py int8_max_rows's, which must agree (tested).
+int64_t gguf_int8_max_rows();
 // The GGUF kernels of variant `impl` (generic's when it has none; the layout is the file's).
 const GgufKernels& gguf_table(int64_t impl);
 

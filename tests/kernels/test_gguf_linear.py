@@ -272,3 +272,18 @@ def test_embedding_rows_equal_the_torch_lookup(impl, qtype, dtype):
     assert got.dtype == dtype and torch.equal(got, expected)
     with pytest.raises(RuntimeError, match="outside the vocabulary"):
         lookup(w, qtype, torch.tensor([48]), dtype)
+
+
+def test_the_int8_row_limit_is_one_rule():
+    """The extension's int8/dense row limit is gguf.int8_max_rows's for this CPU, which the
+    reference and torch-native forms follow: otherwise the oracle would check the wrong path."""
+    from anycore.kernels.dispatch import load_extension
+    from anycore.platform.features import CpuFeatures, detect
+
+    assert G.int8_max_rows(CpuFeatures("x86_64", frozenset({"avx512f", "avx512_vnni"}))) == 256
+    assert G.int8_max_rows(CpuFeatures("x86_64", frozenset({"avx512f", "amx_tile", "amx_bf16"}))) == 16
+    assert G.int8_max_rows(CpuFeatures("aarch64", frozenset({"asimd", "asimddp"}))) == 16
+    assert G.INT8_MAX_ROWS == G.int8_max_rows(detect())
+    if not load_extension().available:
+        pytest.skip("extension unavailable")
+    assert torch.ops.anycore.gguf_int8_max_rows() == G.INT8_MAX_ROWS
