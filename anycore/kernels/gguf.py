@@ -66,7 +66,8 @@ def int8_max_rows(features: CpuFeatures) -> int:
     return 16
 
 
-# this process's rule, which every implementation follows (the native op gets it as an argument)
+# this process's rule: the reference and torch-native forms read it, the extension applies the same
+# rule itself (csrc/common/ops.h gguf_int8_max_rows; tests/kernels/test_gguf_linear.py checks they agree)
 INT8_MAX_ROWS = int8_max_rows(detect())
 Q4_0, Q4_1, Q5_0, Q8_0 = 2, 3, 6, 8
 Q4_K, Q5_K, Q6_K = K.Q4_K, K.Q5_K, K.Q6_K

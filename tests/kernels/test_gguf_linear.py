@@ -204,7 +204,7 @@ def test_interleaved_matches_reference(kernel, qtype, m, n, k, dtype):
 
 @pytest.mark.parametrize("qtype", INTERLEAVED, ids=[G.FORMATS[t][0] + "x16" for t in INTERLEAVED])
 def test_interleaved_rows_do_not_depend_on_the_batch(kernel, impl, qtype):
-    """A native kernel gives each activation row the same bits alone or with up to 15 others."""
+    """A native kernel gives each activation row the same bits alone or among the most rows the int8 tiles take."""
     if impl in ("reference", "torch-native"):
         pytest.skip("batch invariance is the native kernels' promise")
     w = random_blocks(64, 576, qtype)
